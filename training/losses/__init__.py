@@ -1,0 +1,29 @@
+"""Losses shared by tokenizer and up/down-sampler training."""
+
+from training.losses.gan import (
+    AdversarialLoss,
+    PatchDiscriminator,
+    adaptive_weight,
+    hinge_d_loss,
+    hinge_g_loss,
+    non_saturating_d_loss,
+    non_saturating_g_loss,
+)
+from training.losses.lpips import LPIPS, backbone_weights_path
+from training.losses.pixel import pixel_loss
+from training.losses.token import token_accuracy, token_cross_entropy
+
+__all__ = [
+    "LPIPS",
+    "AdversarialLoss",
+    "PatchDiscriminator",
+    "adaptive_weight",
+    "backbone_weights_path",
+    "hinge_d_loss",
+    "hinge_g_loss",
+    "non_saturating_d_loss",
+    "non_saturating_g_loss",
+    "pixel_loss",
+    "token_accuracy",
+    "token_cross_entropy",
+]
