@@ -1,0 +1,294 @@
+import io
+import json
+import pickle
+import warnings
+
+import lightning as L
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+import webdataset as wds
+from PIL import Image
+
+from training.datamodule import ShardDataModule, skipped_total
+
+IMAGE_SIZE = 16
+
+
+def png(index: int) -> bytes:
+    """64x32 image: red stripes at the left/right edges (the centre crop cuts them), noise between."""
+    rng = np.random.default_rng(index)
+    pixels = np.zeros((32, 64, 3), dtype=np.uint8)
+    pixels[:, 8:56, 1:] = rng.integers(0, 256, size=(32, 48, 2))
+    pixels[:, :8, 0] = pixels[:, 56:, 0] = 255
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def npy(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, array)
+    return buffer.getvalue()
+
+
+def sample(index: int, prefix: str = "s") -> dict:
+    return {
+        "__key__": f"{prefix}{index:04d}",
+        "png": png(index),
+        "txt": f"caption {index}\n",
+        "json": json.dumps({"index": index}).encode(),
+        "tok4.npy": npy(np.full((4, 4), index, dtype=np.int32)),
+    }
+
+
+def write_shard(path, samples):
+    with wds.TarWriter(str(path)) as sink:
+        for item in samples:
+            sink.write(item)
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    root = tmp_path_factory.mktemp("shards")
+    for shard in range(2):
+        write_shard(root / f"good-{shard:06d}.tar", [sample(6 * shard + i) for i in range(6)])
+    bad = [sample(i, prefix="b") for i in range(6)]
+    bad[1]["png"] = b"this is not a png"
+    del bad[2]["png"]
+    bad[3]["json"] = b"{not json"
+    bad[4]["tok4.npy"] = npy(np.zeros((3, 3), dtype=np.int32))
+    write_shard(root / "bad.tar", bad)
+    write_shard(root / "truncated.tar", [sample(i, prefix="t") for i in range(6)])
+    data = (root / "truncated.tar").read_bytes()
+    (root / "truncated.tar").write_bytes(data[: len(data) // 2])
+    return root
+
+
+def make(shards, **overrides):
+    args = dict(
+        train_shards=f"{shards}/good-{{000000..000001}}.tar",
+        val_shards=f"{shards}/good-{{000000..000001}}.tar",
+        image_size=IMAGE_SIZE,
+        batch_size=4,
+        train_samples_per_epoch=16,
+        shuffle_buffer=8,
+        seed=3,
+    )
+    return ShardDataModule(**{**args, **overrides})
+
+
+def keys(batches):
+    return [key for batch in batches for key in batch["key"]]
+
+
+def test_batch_fields_shapes_and_values(shards):
+    dm = make(shards, extra_sizes=[8, 4], token_keys=["tok4.npy"], token_shapes={"tok4": [4, 4]})
+    batches = list(dm.train_dataloader())
+    assert len(batches) == 4
+    batch = batches[0]
+    assert batch["image"].shape == (4, 3, IMAGE_SIZE, IMAGE_SIZE) and batch["image"].dtype == torch.float32
+    assert batch["image"].min() >= -1 and batch["image"].max() <= 1 and batch["image"].std() > 0.3
+    assert (batch["image"][:, 0] == -1).all(), "the centre crop must cut off the red edge stripes"
+    for px in (8, 4):
+        expected = F.interpolate(batch["image"], size=px, mode="area")
+        assert batch[f"image_{px}"].shape == (4, 3, px, px)
+        assert torch.allclose(batch[f"image_{px}"], expected, atol=1.01 / 127.5)
+    indices = [int(key[1:]) for key in batch["key"]]
+    assert batch["tok4"].dtype == torch.int64 and batch["tok4"].shape == (4, 4, 4)
+    assert batch["tok4"][:, 0, 0].tolist() == indices
+    assert batch["caption"] == [f"caption {i}" for i in indices]
+    assert batch["attributes"] == [{"index": i} for i in indices]
+    assert batch["skipped"].item() == 0 and skipped_total(batches) == 0
+
+
+def test_missing_caption_and_json_give_empty_values(tmp_path):
+    item = sample(0)
+    del item["txt"], item["json"]
+    write_shard(tmp_path / "plain.tar", [item])
+    dm = ShardDataModule(f"{tmp_path}/plain.tar", IMAGE_SIZE, 1, 1, val_shards=f"{tmp_path}/plain.tar")
+    (batch,) = list(dm.val_dataloader())
+    assert batch["caption"] == [""] and batch["attributes"] == [{}]
+
+
+def test_corrupt_and_incomplete_samples_are_skipped_and_counted(shards):
+    dm = make(
+        shards,
+        val_shards=f"{shards}/bad.tar",
+        batch_size=1,
+        token_keys=["tok4"],
+        token_shapes={"tok4": [4, 4]},
+    )
+    with pytest.warns(UserWarning, match="skipped sample 'b0001'.*UnidentifiedImageError"):
+        batches = list(dm.val_dataloader())
+    assert keys(batches) == ["b0000", "b0005"]
+    assert batches[-1]["skipped"].item() == 4 and skipped_total(batches) == 4
+
+    train = make(
+        shards,
+        train_shards=f"{shards}/bad.tar",
+        batch_size=2,
+        token_keys=["tok4"],
+        token_shapes={"tok4": [4, 4]},
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        batches = list(train.train_dataloader())
+    assert len(batches) == 8 and set(keys(batches)) == {"b0000", "b0005"}
+    assert batches[-1]["skipped"].item() > 0
+
+
+def test_token_grids_without_images(shards):
+    dm = make(
+        shards,
+        val_shards=f"{shards}/bad.tar",
+        load_images=False,
+        token_keys=["tok4.npy"],
+        token_shapes={"tok4": [4, 4]},
+    )
+    with pytest.warns(UserWarning, match="tok4.npy is int32 \\(3, 3\\)"):
+        (batch,) = list(dm.val_dataloader())
+    assert "image" not in batch
+    assert batch["key"] == ["b0000", "b0001", "b0002", "b0005"]  # bad/missing png do not matter here
+    assert batch["tok4"].shape == (4, 4, 4) and batch["skipped"].item() == 2
+
+
+def test_truncated_tar_is_tolerated(shards):
+    dm = make(shards, val_shards=f"{shards}/truncated.tar::{shards}/good-000000.tar")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        found = keys(dm.val_dataloader())
+    assert found[-6:] == [f"s{i:04d}" for i in range(6)]
+    assert 0 < len(found) - 6 < 6 and all(key.startswith("t") for key in found[:-6])
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_validation_set_is_fixed(shards, num_workers):
+    dm = make(shards, val_samples=10, num_workers=num_workers)
+    first, second = list(dm.val_dataloader()), list(dm.val_dataloader())
+    assert keys(first) == keys(second)
+    assert sorted(keys(first)) == [f"s{i:04d}" for i in range(10)]
+    if num_workers == 0:
+        assert keys(first) == [f"s{i:04d}" for i in range(10)]
+        assert [len(batch["key"]) for batch in first] == [4, 4, 2]
+    assert torch.equal(first[0]["image"], second[0]["image"])
+
+
+def test_validation_split_over_ranks(shards):
+    per_rank = [
+        list(make(shards, val_samples=11, batch_size=2, rank=r, world_size=2).val_dataloader())
+        for r in range(2)
+    ]
+    assert len(per_rank[0]) == len(per_rank[1]) == 3
+    rank0, rank1 = keys(per_rank[0]), keys(per_rank[1])
+    assert len(rank0) == len(rank1) == 5 and not set(rank0) & set(rank1)
+    assert sorted(rank0 + rank1) == [f"s{i:04d}" for i in range(10)]
+
+
+def test_training_stream_per_rank(shards):
+    loaders = [
+        make(shards, train_samples_per_epoch=24, rank=r, world_size=2).train_dataloader() for r in range(2)
+    ]
+    epochs = [[keys(loader), keys(loader)] for loader in loaders]
+    assert len(loaders[0]) == len(loaders[1]) == 3  # ceil(24 / (4 * 2))
+    assert all(len(epoch) == 12 for rank in epochs for epoch in rank)
+    assert epochs[0][0] != epochs[1][0], "two ranks must see different samples"
+    assert epochs[0][0] != epochs[0][1], "a new epoch must draw new samples"
+    again = make(shards, train_samples_per_epoch=24, rank=0, world_size=2).train_dataloader()
+    assert keys(again) == epochs[0][0], "the stream is deterministic for (seed, rank, worker, epoch)"
+
+
+def test_epoch_length_arithmetic(shards):
+    dm = make(shards, train_samples_per_epoch=100, batch_size=3, num_workers=4)
+    # per rank ceil(100 / (3 * 2)) = 17 batches, per worker ceil(17 / 4) = 5, so 20 per rank
+    assert dm.batches_per_worker(world_size=2) == 5 and dm.train_batches_per_epoch(world_size=2) == 20
+
+
+def test_two_workers(shards):
+    dm = make(shards, num_workers=2, batch_size=2)
+    loader = dm.train_dataloader()
+    first, second = list(loader), list(loader)
+    assert len(loader) == len(first) == len(second) == 8  # 16 samples / 2 per batch, 4 per worker
+    assert sorted(int(batch["worker"]) for batch in first) == [0] * 4 + [1] * 4
+    by_worker = [keys(batch for batch in first if int(batch["worker"]) == w) for w in range(2)]
+    assert by_worker[0] != by_worker[1]
+    assert keys(first) != keys(second), "persistent workers must advance their epoch"
+
+
+def test_pipelines_pickle(shards):
+    dm = make(shards, extra_sizes=[8], token_keys=["tok4"], token_shapes={"tok4": [4, 4]}, val_samples=4)
+    train = pickle.loads(pickle.dumps(dm.train_dataset(rank=1, world_size=2)))
+    pickle.dumps(dm.val_dataset(rank=0, world_size=2))
+    batch = next(iter(train))
+    assert batch["image_8"].shape == (4, 3, 8, 8)
+
+
+def test_resume_changes_the_stream(shards):
+    fresh = make(shards)
+    assert fresh.state_dict() == {"train_batches_consumed": 0}
+    resumed = make(shards)
+    resumed.load_state_dict({"train_batches_consumed": 5})
+    assert resumed.state_dict() == {"train_batches_consumed": 5}
+    assert keys(resumed.train_dataloader()) != keys(fresh.train_dataloader())
+
+
+class MeanImage(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(()))
+
+    def training_step(self, batch, batch_idx):
+        return (self.weight * batch["image"].mean()) ** 2
+
+    def validation_step(self, batch, batch_idx):
+        self.log("skipped", batch["skipped"].float(), batch_size=len(batch["key"]))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_lightning_fit_and_checkpoint_state(shards, tmp_path):
+    dm = make(shards, val_samples=4, train_samples_per_epoch=12)
+    trainer = L.Trainer(
+        max_epochs=1,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(MeanImage(), datamodule=dm)
+    assert trainer.num_training_batches == 3
+    assert dm.state_dict() == {"train_batches_consumed": 3}
+    trainer.save_checkpoint(tmp_path / "last.ckpt")
+    checkpoint = torch.load(tmp_path / "last.ckpt", weights_only=False)
+    assert checkpoint["ShardDataModule"] == {"train_batches_consumed": 3}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (dict(extra_sizes=[16]), "strictly between 0 and image_size=16"),
+        (
+            dict(extra_sizes=[8], load_images=False, token_keys=["tok4"], token_shapes={"tok4": [4, 4]}),
+            "need load_images=True",
+        ),
+        (dict(token_keys=["tok4.npy"]), "token_shapes must give the \\[h, w\\] grid of token key 'tok4'"),
+        (dict(load_images=False), "nothing to load"),
+        (dict(rank=2, world_size=2), "0 <= rank < world_size"),
+        (dict(batch_size=0), "batch_size must be >= 1"),
+    ],
+)
+def test_bad_arguments(shards, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        make(shards, **overrides)
+
+
+def test_bad_shard_specs(shards):
+    with pytest.raises(FileNotFoundError, match="1 of 2 shards .* do not exist, e.g. .*good-000002.tar"):
+        make(shards, train_shards=f"{shards}/good-{{000001..000002}}.tar").train_dataloader()
+    with pytest.raises(ValueError, match="set val_samples when running on more than one rank"):
+        make(shards, rank=0, world_size=2).val_dataloader()
+    assert make(shards, val_shards=None).val_dataloader() == []
