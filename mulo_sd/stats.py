@@ -1,0 +1,131 @@
+"""The statistics record every decoding method (ar, zipar, lantern, mulo) fills in, with exact definitions.
+
+Counts of model calls are per decode call (the batch shares one schedule). Token counts are summed over the
+batch (divide by `batch_size` for per-image figures).
+
+- batch_size: images decoded (adds up when records of several batches are merged with `add`).
+- target_forwards: calls into the target model: `start` (the condition prefix) counts as one, every `step`
+  as one, whatever the number of tokens or islands it carries.
+- drafter_forwards: the same for the drafter model.
+- upsampler_calls / downsampler_calls: calls of U_r / D_r (one call over any number of rows).
+- sequential_steps: length of the critical path of model calls (target, drafter, up/down-sampler): calls
+  that must wait for each other. For `ar` and `zipar` it equals target_forwards.
+- tokens_drafted: draft tokens proposed for verification by the target.
+- tokens_accepted / tokens_rejected: draft tokens that passed / failed the accept rule.
+- tokens_resampled: grid positions the target sampled again after a rejection (islands, or the raster tail).
+- tokens_evaluated: image tokens fed through the target's `step` in total (query tokens; stand-ins and
+  rewrites included, the condition prefix not). tokens_evaluated / batch_size / target_forwards is the mean
+  number of tokens evaluated in parallel per image.
+- cycles: draft-verify cycles (0 for methods without a drafter).
+- islands_per_cycle: number of rejection islands in each cycle; island_sizes: the size of every island, in
+  the order they were found.
+- phase_seconds: wall time per named phase (`with stats.phase("verify"): ...`), summed over entries.
+- wall_seconds: wall time of token generation (`with stats.wall(): ...`); the tokenizer's image decode,
+  the same for every method, is left out of it and timed as phase "image".
+CUDA work is synchronised at the edges of every timed block when `device` is a CUDA device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+COUNTS = (
+    "batch_size",
+    "target_forwards",
+    "drafter_forwards",
+    "upsampler_calls",
+    "downsampler_calls",
+    "sequential_steps",
+    "tokens_drafted",
+    "tokens_accepted",
+    "tokens_rejected",
+    "tokens_resampled",
+    "tokens_evaluated",
+    "cycles",
+)
+
+
+@dataclass
+class DecodeStats:
+    batch_size: int = 1
+    target_forwards: int = 0
+    drafter_forwards: int = 0
+    upsampler_calls: int = 0
+    downsampler_calls: int = 0
+    sequential_steps: int = 0
+    tokens_drafted: int = 0
+    tokens_accepted: int = 0
+    tokens_rejected: int = 0
+    tokens_resampled: int = 0
+    tokens_evaluated: int = 0
+    cycles: int = 0
+    islands_per_cycle: list[int] = field(default_factory=list)
+    island_sizes: list[int] = field(default_factory=list)
+    phase_seconds: dict[str, float] = field(default_factory=dict)
+    wall_seconds: float = 0.0
+    device: torch.device | None = field(default=None, repr=False, compare=False)
+
+    def target_forward(self, tokens: int, sequential: bool = True) -> None:
+        """Count one target call that fed `tokens` image tokens (0 for `start`), summed over the batch."""
+        self.target_forwards += 1
+        self.tokens_evaluated += tokens
+        self.sequential_steps += int(sequential)
+
+    def drafter_forward(self, sequential: bool = True) -> None:
+        self.drafter_forwards += 1
+        self.sequential_steps += int(sequential)
+
+    def _sync(self) -> None:
+        if self.device is not None and torch.device(self.device).type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        """Add the wall time of the block to `phase_seconds[name]`."""
+        self._sync()
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._sync()
+            self.phase_seconds[name] = self.phase_seconds.get(name, 0.0) + time.perf_counter() - start
+
+    @contextlib.contextmanager
+    def wall(self):
+        """Add the wall time of the block (the whole decode) to `wall_seconds`."""
+        self._sync()
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._sync()
+            self.wall_seconds += time.perf_counter() - start
+
+    def add(self, other: DecodeStats) -> DecodeStats:
+        """Merge `other` (e.g. the next batch) into this record in place: counts, lists and times add up."""
+        for name in COUNTS:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.islands_per_cycle.extend(other.islands_per_cycle)
+        self.island_sizes.extend(other.island_sizes)
+        for name, seconds in other.phase_seconds.items():
+            self.phase_seconds[name] = self.phase_seconds.get(name, 0.0) + seconds
+        self.wall_seconds += other.wall_seconds
+        return self
+
+    def as_dict(self) -> dict[str, int | float | str]:
+        """One flat row for a CSV: every count, island summaries, `time_<phase>_s` and `wall_s`."""
+        row: dict[str, int | float | str] = {name: getattr(self, name) for name in COUNTS}
+        row["islands"] = len(self.island_sizes)
+        row["island_size_mean"] = (
+            sum(self.island_sizes) / len(self.island_sizes) if self.island_sizes else 0.0
+        )
+        row["island_size_max"] = max(self.island_sizes, default=0)
+        row["islands_per_cycle"] = " ".join(map(str, self.islands_per_cycle))
+        for name, seconds in sorted(self.phase_seconds.items()):
+            row[f"time_{name}_s"] = seconds
+        row["wall_s"] = self.wall_seconds
+        return row
