@@ -224,13 +224,19 @@ def test_pipelines_pickle(shards):
     assert batch["image_8"].shape == (4, 3, 8, 8)
 
 
-def test_resume_changes_the_stream(shards):
-    fresh = make(shards)
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_resume_replays_the_uninterrupted_stream(shards, num_workers):
+    fresh = make(shards, num_workers=num_workers)
     assert fresh.state_dict() == {"train_batches_consumed": 0}
-    resumed = make(shards)
-    resumed.load_state_dict({"train_batches_consumed": 5})
-    assert resumed.state_dict() == {"train_batches_consumed": 5}
-    assert keys(resumed.train_dataloader()) != keys(fresh.train_dataloader())
+    loader = fresh.train_dataloader()
+    uninterrupted = [keys([b]) for epoch in range(3) for b in loader]  # 3 epochs of 4 batches
+    for consumed in (2, 4, 6):  # mid-epoch, at an epoch boundary, mid second epoch
+        resumed = make(shards, num_workers=num_workers)
+        resumed.load_state_dict({"train_batches_consumed": consumed})
+        assert resumed.state_dict() == {"train_batches_consumed": consumed}
+        replay = [keys([b]) for b in resumed.train_dataloader()]
+        remaining = 4 - consumed % 4
+        assert replay[:remaining] == uninterrupted[consumed : consumed + remaining]
 
 
 class MeanImage(L.LightningModule):

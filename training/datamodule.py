@@ -17,10 +17,13 @@ Training stream, built in each rank's main process and run inside every DataLoad
       batches_per_worker = ceil(batches_per_rank / max(1, num_workers))
       an epoch is batches_per_worker * max(1, num_workers) batches per rank (the DataLoader's length), i.e.
       at least train_samples_per_epoch samples over all ranks. Batches are always full (partial=False).
-- Resume. Resampling makes exact replay impossible, so the datamodule stores only how many training batches
-  were consumed; a resumed run seeds its stream with that count, so it continues with fresh data instead of
-  repeating the start of the stream. Lightning restores the epoch/batch counters and ends an interrupted
-  epoch at the usual length.
+- Resume. The datamodule's state (saved in every Lightning checkpoint) is the number of training batches
+  consumed. A resumed run rebuilds the same stream and fast-forwards it: every worker starts at the epoch
+  the run was in and drops the batches it had already delivered in that epoch, so the resumed run sees the
+  batches the uninterrupted run would have seen. The DataLoader hands out batches round-robin starting at
+  worker 0, so the order is exact when the checkpoint's batch count is a multiple of num_workers (keep
+  checkpoint intervals even); otherwise the first round comes in another order (a warning says so).
+  Lightning restores its epoch/batch counters and ends a resumed epoch at the usual length.
 
 Validation set: the first `val_samples` samples of `val_shards` in shard order (no shuffling). Sample i goes
 to rank i % world_size, and within a rank to worker j % num_workers (j counts that rank's samples), so ranks
@@ -77,16 +80,31 @@ def rank_worker_seed(rank: int) -> int:
 class EpochShuffle(wds.PipelineStage):
     """Shuffle buffer seeded by (seed, rank, worker, epoch); the epoch counts the passes of this copy."""
 
-    def __init__(self, bufsize: int, seed: int, rank: int):
+    def __init__(self, bufsize: int, seed: int, rank: int, start_epoch: int = 0):
         self.bufsize = bufsize
         self.seed = seed
         self.rank = rank
-        self.epoch = -1
+        self.epoch = start_epoch - 1
 
     def run(self, src):
         self.epoch += 1
         rng = random.Random(wds.utils.make_seed(self.seed, self.rank, worker_id(), self.epoch))
         return wds.shuffle(self.bufsize, self.bufsize, rng=rng)(src)
+
+
+class SkipConsumed(wds.PipelineStage):
+    """Drop the batches this worker had already delivered before a resume (its first pass only)."""
+
+    def __init__(self, per_worker: list[int]):
+        self.per_worker = per_worker
+        self.first_pass = True
+
+    def run(self, src):
+        skip = self.per_worker[worker_id()] if self.first_pass else 0
+        self.first_pass = False
+        for index, batch in enumerate(src):
+            if index >= skip:
+                yield batch
 
 
 def center_crop(image: Image.Image, size: int) -> Image.Image:
@@ -305,20 +323,36 @@ class ShardDataModule(L.LightningDataModule):
         """Batches each rank yields per epoch (the same on every rank)."""
         return self.batches_per_worker(world_size) * max(1, self.num_workers)
 
+    def resume_point(self, world_size: int) -> tuple[int, list[int]]:
+        """(epoch, batches each worker already delivered in it) after `resume_batches` consumed batches."""
+        workers = max(1, self.num_workers)
+        epoch, in_epoch = divmod(self.resume_batches, self.train_batches_per_epoch(world_size))
+        if in_epoch % workers:
+            warnings.warn(
+                f"resuming after {self.resume_batches} batches, not a multiple of num_workers={workers}: "
+                f"the first {workers} batches come in another order than in the uninterrupted run",
+                stacklevel=2,
+            )
+        return epoch, [in_epoch // workers + (w < in_epoch % workers) for w in range(workers)]
+
     def train_dataset(self, rank: int, world_size: int) -> wds.DataPipeline:
-        stream_seed = wds.utils.make_seed(self.seed, self.resume_batches)
+        start_epoch, consumed = self.resume_point(world_size)
         decoder = copy.copy(self.decoder)  # its own skipped count, apart from the validation set's
+        shards = wds.ResampledShards(
+            expand_shards(self.train_shards),
+            seed=self.seed,
+            worker_seed=functools.partial(rank_worker_seed, rank),
+            deterministic=True,
+        )
+        shards.epoch = start_epoch - 1  # ResampledShards counts its passes from -1
         return wds.DataPipeline(
-            wds.ResampledShards(
-                expand_shards(self.train_shards),
-                seed=stream_seed,
-                worker_seed=functools.partial(rank_worker_seed, rank),
-                deterministic=True,
-            ),
+            shards,
             wds.tarfile_to_samples(handler=wds.warn_and_continue),
-            EpochShuffle(self.shuffle_buffer, stream_seed, rank),  # before decoding: raw bytes are small
+            # shuffle before decoding: raw bytes are small
+            EpochShuffle(self.shuffle_buffer, self.seed, rank, start_epoch),
             wds.map(decoder),
             wds.batched(self.batch_size, collation_fn=decoder.collate, partial=False),
+            SkipConsumed(consumed),
         ).with_epoch(self.batches_per_worker(world_size))
 
     def val_dataset(self, rank: int, world_size: int) -> wds.DataPipeline:
