@@ -1,7 +1,16 @@
 """Decoding methods over the AR-model interface (`start`, `step`); one sampler and one stats record."""
 
 from mulo_sd.methods.ar import decode_ar
+from mulo_sd.methods.lantern import decode_lantern
+from mulo_sd.methods.mulo import decode_mulo
 from mulo_sd.methods.result import DecodeResult
 from mulo_sd.methods.zipar import decode_zipar, zipar_target_forwards
 
-__all__ = ["DecodeResult", "decode_ar", "decode_zipar", "zipar_target_forwards"]
+__all__ = [
+    "DecodeResult",
+    "decode_ar",
+    "decode_lantern",
+    "decode_mulo",
+    "decode_zipar",
+    "zipar_target_forwards",
+]
