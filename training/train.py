@@ -1,0 +1,79 @@
+"""`mulo-train`: a thin Hydra `main()` around a plain `run(cfg)` that tests call directly."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import hydra
+import lightning as L
+from omegaconf import DictConfig, OmegaConf
+
+log = logging.getLogger(__name__)
+# The repository's conf/ (an absolute path: a relative one would be read as a Python package name).
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "conf"
+
+
+def instantiate_group(group: DictConfig | None) -> list:
+    """Instantiate every `_target_` entry of a callbacks/logger group (an empty group gives [])."""
+    if not group:
+        return []
+    return [hydra.utils.instantiate(entry) for entry in group.values() if entry and "_target_" in entry]
+
+
+def prepare_data(data_cfg: DictConfig) -> DictConfig:
+    """Generate the shards a data config asks for under `generate:` (the testbed's SynthScenes), pre-tokenise
+    them when it has a `pretokenize:` block, and point `train_shards` / `val_shards` at the result; return
+    the datamodule's arguments."""
+    data = OmegaConf.to_container(data_cfg, resolve=True)
+    generate = data.pop("generate", None)
+    pretokenize = data.pop("pretokenize", None)
+    if generate:
+        from data.cli import ensure_synthscenes
+
+        for split in ("train", "val"):
+            data[f"{split}_shards"] = ensure_synthscenes(size=generate["size"], **generate[split])
+    if pretokenize:
+        from data.pretokenize import ensure_pretokenized
+
+        outs = {split: pretokenize.pop(split)["out"] for split in ("train", "val")}
+        for split, out in outs.items():
+            data[f"{split}_shards"] = ensure_pretokenized(data[f"{split}_shards"], out=out, **pretokenize)
+    return OmegaConf.create(data)
+
+
+def run(cfg: DictConfig) -> dict[str, float]:
+    """Train (or resume) the configured model; export it when `cfg.export` is set. Returns final metrics."""
+    L.seed_everything(cfg.seed, workers=True)
+    datamodule = hydra.utils.instantiate(prepare_data(cfg.data))
+    model = hydra.utils.instantiate(cfg.model, loss=cfg.loss, _recursive_=False)
+    trainer: L.Trainer = hydra.utils.instantiate(
+        cfg.trainer,
+        logger=instantiate_group(cfg.get("logger")) or False,
+        callbacks=instantiate_group(cfg.get("callbacks")),
+    )
+    hyperparameters = {k: v for k, v in OmegaConf.to_container(cfg, resolve=False).items() if k != "hydra"}
+    hyperparameters = OmegaConf.to_container(OmegaConf.create(hyperparameters), resolve=True)
+    for logger in trainer.loggers:
+        logger.log_hyperparams(hyperparameters)
+    if cfg.get("validate_first"):
+        trainer.validate(model, datamodule=datamodule)
+    # weights_only=False: our checkpoints hold the NumPy RNG state (RandomStateCheckpoint), which torch's
+    # weights-only loading refuses; only resume from checkpoints you trust
+    trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"), weights_only=False)
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    if cfg.get("export") and trainer.is_global_zero:
+        folder = model.export(Path(cfg.export))
+        log.info("exported %s", folder)
+    return metrics
+
+
+@hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="train")
+def main(cfg: DictConfig) -> None:
+    metrics = run(cfg)
+    for name, value in sorted(metrics.items()):
+        print(f"{name:>32s}  {value:.4f}")
+
+
+if __name__ == "__main__":
+    main()
