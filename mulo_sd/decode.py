@@ -1,0 +1,145 @@
+"""One entry point over the four decoding methods on the testbed models: caption text in, DecodeResult out.
+
+    result = decode("mulo", models, ["a red star on a noisy background"], {"r": 2, "tau": 0.1, "k": 4},
+                    SamplerConfig(cfg_scale=2.0), seed=0)
+
+Knobs are the method function's own keyword arguments (`method_knobs(method)` lists them with their
+defaults; REQUIRED ones have none), plus, for `mulo`, the ones that pick its models:
+- r: 2 or 4, the scale between target and drafter (drafter_r2 / drafter_r4);
+- upsampler: 'latent' (the learned upsampler_r{r}) or 'pixel' (VQ-decode, resize, VQ-encode);
+- downsampler: 'latent' or 'pixel'; None: the same kind as the up-sampler;
+- pixel_mode: the interpolation of the pixel samplers (pixel_samplers.MODES).
+`lantern` drafts with drafter_small (the testbed's smaller same-resolution model). Every call draws its
+randomness from its own torch.Generator seeded with `seed`, so a (method, knobs, prompts, seed) decode
+repeats exactly.
+"""
+
+from __future__ import annotations
+
+import inspect
+import weakref
+
+import torch
+from PIL import Image
+
+from mulo_sd.captions import encode_caption
+from mulo_sd.methods import DecodeResult, decode_ar, decode_lantern, decode_mulo, decode_zipar
+from mulo_sd.neighbours import codebook_neighbours
+from mulo_sd.pixel_samplers import PixelDownsampler, PixelUpsampler
+from mulo_sd.sampling import SamplerConfig
+from mulo_sd.testbed import Models
+
+FUNCTIONS = {"ar": decode_ar, "zipar": decode_zipar, "lantern": decode_lantern, "mulo": decode_mulo}
+METHODS = tuple(FUNCTIONS)
+REQUIRED = inspect.Parameter.empty
+SCALES = (2, 4)
+SAMPLER_KINDS = ("latent", "pixel")
+# arguments of the method functions that decode() fills in itself
+_NOT_KNOBS = {
+    "model", "target", "drafter", "upsampler", "downsampler", "cond", "sampler", "generator", "neighbours",
+    "cond_mask", "tokenizer",
+}  # fmt: skip
+_MULO_MODEL_KNOBS = {"r": REQUIRED, "upsampler": "latent", "downsampler": None, "pixel_mode": "bicubic"}
+
+
+def check_method(method: str) -> None:
+    if method not in FUNCTIONS:
+        raise ValueError(f"unknown decoding method '{method}'; choose one of {list(METHODS)}")
+
+
+def method_knobs(method: str) -> dict[str, object]:
+    """Knob name -> default (REQUIRED: the caller must give it) of `method`."""
+    check_method(method)
+    parameters = inspect.signature(FUNCTIONS[method]).parameters
+    knobs = {name: p.default for name, p in parameters.items() if name not in _NOT_KNOBS}
+    return {**_MULO_MODEL_KNOBS, **knobs} if method == "mulo" else knobs
+
+
+def resolve_knobs(method: str, knobs: dict) -> dict[str, object]:
+    """Every knob of `method` with its value: `knobs` over the defaults. Raises on unknown or missing knobs
+    and on bad model choices (the method function checks the ranges of the rest)."""
+    accepted = method_knobs(method)
+    unknown = sorted(set(knobs) - set(accepted))
+    if unknown:
+        raise ValueError(f"unknown knob(s) {unknown} for method '{method}'; it takes {sorted(accepted)}")
+    resolved = {**accepted, **knobs}
+    missing = sorted(name for name, value in resolved.items() if value is REQUIRED)
+    if missing:
+        raise ValueError(f"method '{method}' needs knob(s) {missing} (e.g. knobs.{missing[0]}=...)")
+    if method == "mulo":
+        if resolved["r"] not in SCALES:
+            r = resolved["r"]
+            raise ValueError(f"knob r must be one of {SCALES} (the testbed's drafter scales), got {r!r}")
+        if resolved["downsampler"] is None:
+            resolved["downsampler"] = resolved["upsampler"]
+        for name in ("upsampler", "downsampler"):
+            if resolved[name] not in SAMPLER_KINDS:
+                raise ValueError(f"knob {name} must be one of {SAMPLER_KINDS}, got '{resolved[name]}'")
+    return resolved
+
+
+def required_models(method: str, knobs: dict) -> list[str]:
+    """Testbed model names (testbed.MODEL_CLASSES) that `decode(method, ..., knobs)` uses."""
+    knobs = resolve_knobs(method, knobs)
+    names = ["vq", "target"]
+    if method == "lantern":
+        names.append("drafter_small")
+    if method == "mulo":
+        r = knobs["r"]
+        names.append(f"drafter_r{r}")
+        names += [f"{kind}_r{r}" for kind in ("upsampler", "downsampler") if knobs[kind] == "latent"]
+    return names
+
+
+_neighbour_tables: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def neighbour_table(tokenizer, k: int) -> torch.Tensor:
+    """The [V, >= k] codebook neighbour table of `tokenizer`, built once per tokenizer (rebuilt only when a
+    larger k is asked for)."""
+    table = _neighbour_tables.get(tokenizer)
+    if table is None or table.shape[1] < k:
+        table = codebook_neighbours(tokenizer.codebook.detach(), k)
+        _neighbour_tables[tokenizer] = table
+    return table
+
+
+def caption_condition(target, prompts: list[str]) -> torch.Tensor:
+    """Caption word ids [B, cond_len] of `prompts` on the target's device."""
+    if not prompts or not all(isinstance(p, str) for p in prompts):
+        raise ValueError(f"prompts must be a non-empty list of caption strings, got {prompts!r}")
+    if target.config.cond_type != "words":
+        kind = target.config.cond_type
+        raise ValueError(f"decode takes caption text: the target needs cond_type 'words', not '{kind}'")
+    return torch.stack([encode_caption(p, target.config.cond_len) for p in prompts]).to(target.device)
+
+
+def decode(
+    method: str, models: Models, prompts: list[str], knobs: dict, sampler: SamplerConfig, seed: int
+) -> DecodeResult:
+    """Decode one image per prompt with `method` (module docstring); the batch is decoded together."""
+    knobs = resolve_knobs(method, knobs)
+    target, tokenizer = models.require("target"), models.require("vq")
+    cond = caption_condition(target, prompts)
+    generator = torch.Generator(device=target.device).manual_seed(seed)
+    common = dict(cond=cond, sampler=sampler, generator=generator, tokenizer=tokenizer)
+    if method == "ar":
+        return decode_ar(target, **common)
+    if method == "zipar":
+        return decode_zipar(target, window=knobs["window"], **common)
+    if method == "lantern":
+        drafter = models.require("drafter_small")
+        neighbours = neighbour_table(tokenizer, knobs["k"])
+        return decode_lantern(target, drafter, neighbours=neighbours, **knobs, **common)
+    r, up, down, mode = (knobs.pop(name) for name in ("r", "upsampler", "downsampler", "pixel_mode"))
+    drafter = models.require(f"drafter_r{r}")
+    upsampler = models.require(f"upsampler_r{r}") if up == "latent" else PixelUpsampler(tokenizer, r, mode)
+    downsampler = models.require(f"downsampler_r{r}") if down == "latent" else PixelDownsampler(tokenizer, r)
+    neighbours = neighbour_table(tokenizer, knobs["k"])
+    return decode_mulo(target, drafter, upsampler, downsampler, neighbours=neighbours, **knobs, **common)
+
+
+def tensor_to_pil(image: torch.Tensor) -> Image.Image:
+    """Image [3, H, W] in [-1, 1] -> RGB PIL image."""
+    array = ((image.detach().float().cpu().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+    return Image.fromarray(array.permute(1, 2, 0).numpy())
