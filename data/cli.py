@@ -30,6 +30,7 @@ from collections.abc import Iterator
 
 from tqdm import tqdm
 
+from data.pretokenize import add_pretokenize_arguments, run_pretokenize
 from data.shards import check_shard, expand_spec, shard_spec, update_sizes, write_shards
 from mulo_sd.synthscenes import MIN_SIZE, render_scene
 
@@ -212,12 +213,12 @@ def run_verify(args: argparse.Namespace) -> int:
     return 1 if corrupt or unreadable else 0
 
 
-# name -> (add its arguments, run it, one-line help). The shard pre-tokenisation command (`pretokenize`)
-# joins here as one more entry.
+# name -> (add its arguments, run it, one-line help).
 COMMANDS = {
     "synthscenes": (add_synthscenes_arguments, run_synthscenes, "render SynthScenes into webdataset shards"),
     "from-folder": (add_from_folder_arguments, run_from_folder, "pack a folder of images (+ .txt captions)"),
     "verify": (add_verify_arguments, run_verify, "decode every sample of shards and report corrupt ones"),
+    "pretokenize": (add_pretokenize_arguments, run_pretokenize, "VQ-encode image shards at several sizes"),
 }
 
 

@@ -1,0 +1,32 @@
+"""Helpers shared by test files: compose `mulo-train` configs the way the Hydra entry point does."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, open_dict
+
+from training.train import CONFIG_DIR
+
+
+def compose_train_config(tmp_path: Path, overrides: list[str]) -> DictConfig:
+    """The `train` config with `overrides`, all outputs (data, logs, run dir) under `tmp_path`.
+
+    Sets the Hydra runtime config as `mulo-train` would, so `${hydra:runtime.output_dir}` (paths.output_dir)
+    resolves to the run dir; `training.train.run(cfg)` can then be called directly.
+    """
+    run_dir = tmp_path / "run"
+    defaults = [f"paths.data_dir={tmp_path / 'data'}", f"paths.log_dir={tmp_path / 'logs'}"]
+    with hydra.initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = hydra.compose(
+            "train", overrides=[*defaults, *overrides, f"hydra.run.dir={run_dir}"], return_hydra_config=True
+        )
+    with open_dict(cfg):  # Hydra's launcher fills this in when it creates the run dir; compose does not
+        cfg.hydra.runtime.output_dir = os.path.abspath(cfg.hydra.run.dir)
+    HydraConfig.instance().set_config(cfg)
+    with open_dict(cfg):  # the task function of `mulo-train` gets the config without its `hydra` node
+        del cfg["hydra"]
+    return cfg

@@ -1,0 +1,209 @@
+"""LightningModule that trains one GPT by next-token prediction on pre-tokenised grids with captions.
+
+The testbed's target and drafters are all trained by this module; they differ only in the GPT config and
+the token grid they read (`token_key`: tok16 for the target, tok8 / tok4 for the r=2 / r=4 drafters).
+Captions become word ids (`mulo_sd.captions`); the GPT drops them with probability `class_dropout_prob` in
+training, which gives it the unconditional prefix that classifier-free guidance needs.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from pathlib import Path
+
+import lightning as L
+import torch
+import torchvision
+from lightning.pytorch.loggers import WandbLogger
+from omegaconf import DictConfig, OmegaConf
+
+from mulo_sd.captions import MAX_CAPTION_WORDS, VOCAB, encode_caption
+from mulo_sd.gpt import GPT, GPTConfig
+from mulo_sd.methods import decode_ar
+from mulo_sd.sampling import SamplerConfig
+from mulo_sd.vq import VQModel
+from training.losses import token_accuracy, token_cross_entropy
+from training.vq_module import warmup_cosine
+
+
+def check_word_condition(config: GPTConfig) -> None:
+    """The module feeds `encode_caption` ids: the GPT must take exactly those."""
+    wanted = {"cond_type": "words", "cond_len": MAX_CAPTION_WORDS, "cond_vocab_size": len(VOCAB)}
+    wrong = {name: getattr(config, name) for name, value in wanted.items() if getattr(config, name) != value}
+    if wrong:
+        raise ValueError(
+            f"the GPT takes caption word ids from mulo_sd.captions, so it needs {wanted} "
+            f"(cond_len = MAX_CAPTION_WORDS, cond_vocab_size = len(VOCAB)); got {wrong}"
+        )
+
+
+def check_tokenizer(config: GPTConfig, tokenizer: str | Path) -> None:
+    """The GPT's vocabulary must be the codebook of the tokenizer that made (and will decode) its tokens."""
+    codebook_size = VQModel.load_config(tokenizer).codebook_size
+    if config.vocab_size != codebook_size:
+        raise ValueError(
+            f"GPT vocab_size {config.vocab_size} differs from the codebook size {codebook_size} of the "
+            f"tokenizer {tokenizer}: set model.gpt.vocab_size={codebook_size}"
+        )
+
+
+class ARLightning(L.LightningModule):
+    def __init__(
+        self,
+        gpt: DictConfig,
+        token_key: str,
+        optim: DictConfig,
+        loss: DictConfig,
+        ema: float | None = None,
+        tokenizer: str | None = None,
+        samples: DictConfig | None = None,
+    ):
+        """gpt: GPTConfig fields. token_key: the batch's grid, e.g. "tok16". optim: lr, betas, weight_decay,
+        warmup_steps, total_steps, min_lr_ratio, grad_clip. loss: label_smoothing. ema: decay of an
+        exponential moving average of the weights (validated and exported instead of the raw weights), or
+        None. tokenizer: the VQ folder that made the tokens (its codebook size is checked against the GPT's
+        vocabulary; it also decodes the sample grid). samples: count, seed and SamplerConfig fields of the
+        images sampled at each validation end (needs `tokenizer`), or None."""
+        super().__init__()
+        self.save_hyperparameters()
+        config = GPTConfig(**OmegaConf.to_container(gpt, resolve=True))
+        check_word_condition(config)
+        if tokenizer is not None:
+            check_tokenizer(config, tokenizer)
+        if ema is not None and not 0.0 < ema < 1.0:
+            raise ValueError(f"ema must be a decay in (0, 1) or null, got {ema}")
+        if samples is not None and tokenizer is None:
+            raise ValueError("samples are decoded to images: set a tokenizer folder, or samples=null")
+        self.gpt = GPT(config)
+        self.ema_gpt = copy.deepcopy(self.gpt).requires_grad_(False) if ema is not None else None
+        self.ema_decay = ema
+        self.token_key = token_key
+        self.optim_cfg = optim
+        self.loss_cfg = loss
+        self.tokenizer = tokenizer
+        self.samples_cfg = samples
+        # summed token NLL, correct predictions and tokens over the validation set
+        self.val_sums = torch.zeros(3, dtype=torch.float64)
+        self.sample_batch: tuple[list[str], torch.Tensor] | None = None
+        self.skipped_by_worker: dict[int, int] = {}
+        self.last_step_time: float | None = None
+
+    @property
+    def eval_gpt(self) -> GPT:
+        """The weights that are validated and exported: the EMA copy when there is one."""
+        return self.gpt if self.ema_gpt is None else self.ema_gpt
+
+    def configure_optimizers(self):
+        o = self.optim_cfg
+        # LlamaGen's split: decay matrices and embeddings, not norm gains
+        params = [p for p in self.gpt.parameters() if p.requires_grad]
+        groups = [
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": o.weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        ]
+        optimizer = torch.optim.AdamW(groups, lr=o.lr, betas=tuple(o.betas))
+        schedule = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda s: warmup_cosine(s, o.warmup_steps, o.total_steps, o.min_lr_ratio)
+        )
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+        if self.optim_cfg.grad_clip:
+            self.clip_gradients(
+                optimizer, gradient_clip_val=self.optim_cfg.grad_clip, gradient_clip_algorithm="norm"
+            )
+
+    def inputs(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """(token grids [B, h, w], caption word ids [B, MAX_CAPTION_WORDS]) of a batch."""
+        if self.token_key not in batch:
+            raise ValueError(f"the batch has no {self.token_key!r} grid: add it to data.token_keys")
+        grid = batch[self.token_key]
+        if tuple(grid.shape[1:]) != self.gpt.grid_size:
+            raise ValueError(
+                f"batch[{self.token_key!r}] holds {tuple(grid.shape[1:])} grids but the GPT's grid_size is "
+                f"{self.gpt.grid_size}: token_key and model.gpt.grid_size must match"
+            )
+        words = torch.stack([encode_caption(text, MAX_CAPTION_WORDS) for text in batch["caption"]])
+        return grid, words.to(grid.device)
+
+    def next_token_logits(self, gpt: GPT, grid: torch.Tensor, words: torch.Tensor, drop=None) -> torch.Tensor:
+        """Teacher-forced logits laid out [B, V, h, w] like the grid (what the token losses take)."""
+        logits = gpt(grid.flatten(1), words, drop=drop)
+        return logits.unflatten(1, grid.shape[1:]).permute(0, 3, 1, 2)
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        grid, words = self.inputs(batch)
+        logits = self.next_token_logits(self.gpt, grid, words)  # drops captions at class_dropout_prob
+        loss = token_cross_entropy(logits, grid, label_smoothing=self.loss_cfg.label_smoothing)
+        logs = {"train/loss": loss.detach(), "train/acc": token_accuracy(logits, grid)}
+        now = time.perf_counter()
+        if self.last_step_time is not None:
+            logs["train/samples_per_s"] = grid.shape[0] / (now - self.last_step_time)
+        self.last_step_time = now
+        if "skipped" in batch:  # each DataLoader worker reports its own running count
+            self.skipped_by_worker[int(batch["worker"])] = int(batch["skipped"])
+        logs["train/skipped_samples"] = float(sum(self.skipped_by_worker.values()))
+        self.log_dict(logs, batch_size=grid.shape[0])
+        self.log("loss", loss.detach(), prog_bar=True, logger=False, batch_size=grid.shape[0])
+        return loss
+
+    @torch.no_grad()
+    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
+        if self.ema_gpt is None:
+            return
+        for ema_param, param in zip(self.ema_gpt.parameters(), self.gpt.parameters(), strict=True):
+            ema_param.lerp_(param, 1.0 - self.ema_decay)
+        for ema_buffer, buffer in zip(self.ema_gpt.buffers(), self.gpt.buffers(), strict=True):
+            ema_buffer.copy_(buffer)
+
+    def on_validation_epoch_start(self) -> None:
+        self.val_sums = torch.zeros(3, dtype=torch.float64, device=self.device)
+        self.sample_batch = None
+        self.last_step_time = None  # the next training step's rate must not include validation time
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        grid, words = self.inputs(batch)
+        keep = torch.zeros(grid.shape[0], dtype=torch.bool, device=grid.device)  # conditional: no dropout
+        logits = self.next_token_logits(self.eval_gpt, grid, words, drop=keep)
+        nll = torch.nn.functional.cross_entropy(logits.float(), grid, reduction="sum")
+        correct = (logits.argmax(1) == grid).sum()
+        self.val_sums += torch.stack([nll.double(), correct.double(), torch.tensor(grid.numel()).to(nll)])
+        if self.sample_batch is None and self.samples_cfg is not None:
+            count = self.samples_cfg.count
+            self.sample_batch = (batch["caption"][:count], grid[:count])
+
+    def on_validation_epoch_end(self) -> None:
+        nll, correct, tokens = self.all_gather(self.val_sums).reshape(-1, 3).sum(0).tolist()
+        self.log_dict(
+            {
+                "val/loss": nll / tokens,
+                "val/acc": correct / tokens,
+                "val/perplexity": math.exp(nll / tokens),
+            }
+        )
+        if self.sample_batch is not None and self.trainer.is_global_zero and self.logger is not None:
+            self.log_samples(*self.sample_batch)
+
+    @torch.no_grad()
+    def log_samples(self, captions: list[str], grids: torch.Tensor) -> None:
+        """Decoded ground-truth tokens (top row) over AR samples for the same captions (bottom row)."""
+        settings = OmegaConf.to_container(self.samples_cfg, resolve=True)
+        count, seed = settings.pop("count"), settings.pop("seed")
+        vq = VQModel.from_pretrained(self.tokenizer, self.device)
+        words = torch.stack([encode_caption(text, MAX_CAPTION_WORDS) for text in captions]).to(self.device)
+        generator = torch.Generator(self.device).manual_seed(seed)
+        sampled = decode_ar(self.eval_gpt, words, SamplerConfig(**settings), generator, tokenizer=vq).image
+        images = torch.cat([vq.decode(grids), sampled]).float().add(1).div(2).clamp(0, 1)
+        grid = torchvision.utils.make_grid(images, nrow=count, padding=2, pad_value=1.0)
+        path = Path(self.trainer.log_dir) / "samples" / f"step{self.global_step:06d}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torchvision.utils.save_image(grid, path)
+        if isinstance(self.logger, WandbLogger):
+            self.logger.log_image(
+                "val/samples", [grid], step=self.global_step, caption=[" | ".join(captions)]
+            )
+
+    def export(self, folder: Path) -> Path:
+        return self.eval_gpt.save_pretrained(folder)
