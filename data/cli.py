@@ -3,6 +3,8 @@
     mulo-data synthscenes --out shards/synthscenes --count 50000 --seed 0 --size 128 --workers 2
     mulo-data from-folder --images my_photos/ --out shards/photos
     mulo-data verify "shards/synthscenes/synthscenes-{000000..000049}.tar"     (or a directory)
+    mulo-data pretokenize --shards "shards/synthscenes/synthscenes-{000000..000049}.tar" \
+        --tokenizer mulo_sd/assets/testbed/vq --sizes 128 64 32 --out shards/synthscenes_tokens
 
 Every command that writes shards also writes `sizes.json` ({shard file name: sample count}, as open_clip
 reads it) and prints the brace-expanded shard spec to give the training config.
