@@ -1,0 +1,102 @@
+"""LightningModule that trains SceneEval on SynthScenes ground truth: squared error of every (colour, shape)
+pair's density map against its target (one unit-mass blob per object, so the map sums to the count) plus a
+masked MSE on the centroids of the pairs present. Validation scores the real
+validation images against their own captions with the same checks used on generated images, so `val/score`
+(mean per-prompt score) should approach 1."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import lightning as L
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from mulo_sd.sceneeval import (
+    CHECK_KINDS,
+    SceneEval,
+    SceneEvalConfig,
+    batch_targets,
+    check_results,
+    density_targets,
+)
+from training.vq_module import warmup_cosine
+
+
+class SceneEvalLightning(L.LightningModule):
+    def __init__(self, net: DictConfig, loss: DictConfig, optim: DictConfig, image_key: str = "image"):
+        super().__init__()
+        self.save_hyperparameters()
+        self.model = SceneEval(SceneEvalConfig(**OmegaConf.to_container(net, resolve=True)))
+        self.loss_cfg = loss
+        self.optim_cfg = optim
+        self.image_key = image_key  # training images; validation always reads the full-size "image"
+        self.last_step_time: float | None = None
+
+    def configure_optimizers(self):
+        o = self.optim_cfg
+        optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay
+        )
+        schedule = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda s: warmup_cosine(s, o.warmup_steps, o.total_steps, o.min_lr_ratio)
+        )
+        return [optimizer], [{"scheduler": schedule, "interval": "step"}]
+
+    def losses(self, out: dict, attributes: list[dict]) -> dict[str, torch.Tensor]:
+        counts, centroids, present = batch_targets(attributes, self.device)
+        density = density_targets(attributes, self.model.grid).to(self.device)
+        # summed over pairs and cells, averaged over images: an image's total squared error
+        density_loss = (out["density"] - density).square().sum((1, 2, 3)).mean()
+        # every scene has at least one object, so `present` is never empty
+        centroid_loss = (out["centroids"] - centroids).square().sum(-1)[present].mean()
+        count_error = (out["counts"].detach() - counts).abs().mean()
+        return {"density": density_loss, "centroid": centroid_loss}, count_error
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        images = batch[self.image_key]
+        terms, count_error = self.losses(self.model(images), batch["attributes"])
+        total = sum(self.loss_cfg[f"{name}_weight"] * value for name, value in terms.items())
+        logs = {f"train/{name}_loss": value.detach() for name, value in terms.items()}
+        logs["train/count_abs_error"] = count_error
+        logs["train/loss"] = total.detach()
+        now = time.perf_counter()
+        if self.last_step_time is not None:
+            logs["train/samples_per_s"] = images.shape[0] / (now - self.last_step_time)
+        self.last_step_time = now
+        logs["train/skipped_samples"] = batch["skipped"].float() if "skipped" in batch else 0.0
+        self.log_dict(logs, batch_size=images.shape[0])
+        self.log("loss", total.detach(), prog_bar=True, logger=False)
+        return total
+
+    def on_validation_epoch_start(self) -> None:
+        # passed and total checks per kind, then summed prompt scores and images; summed over ranks at the end
+        self.val_sums = torch.zeros(2 * len(CHECK_KINDS) + 2, dtype=torch.float64, device=self.device)
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        counts, centroids = self.model.predict(batch["image"])
+        sums = torch.zeros_like(self.val_sums)
+        for checks in check_results(counts, centroids, batch["caption"]):
+            for check, passed in checks:
+                k = CHECK_KINDS.index(check.kind)
+                sums[k] += passed
+                sums[len(CHECK_KINDS) + k] += 1
+            sums[-2] += sum(passed for _, passed in checks) / len(checks)
+        sums[-1] += len(batch["caption"])
+        self.val_sums += sums
+
+    def on_validation_epoch_end(self) -> None:
+        sums = self.all_gather(self.val_sums).reshape(-1, self.val_sums.numel()).sum(0)
+        n = len(CHECK_KINDS)
+        for k, kind in enumerate(CHECK_KINDS):
+            if sums[n + k] > 0:  # a small validation set may hold no relation
+                self.log(f"val/acc_{kind}", (sums[k] / sums[n + k]).float())
+        self.log("val/score", (sums[-2] / sums[-1].clamp_min(1)).float(), prog_bar=True)
+
+    def on_train_batch_start(self, batch, batch_idx) -> None:
+        if batch_idx == 0:
+            self.last_step_time = None  # do not count the pause for validation or a new epoch
+
+    def export(self, folder: Path) -> Path:
+        return self.model.save_pretrained(folder)
