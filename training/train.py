@@ -7,6 +7,7 @@ from pathlib import Path
 
 import hydra
 import lightning as L
+from lightning.pytorch.loggers import WandbLogger
 from omegaconf import DictConfig, OmegaConf
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,9 @@ def run(cfg: DictConfig) -> dict[str, float]:
     if cfg.get("export") and trainer.is_global_zero:
         folder = model.export(Path(cfg.export))
         log.info("exported %s", folder)
+    for logger in trainer.loggers:  # else the next job of a Hydra multirun would log into this W&B run
+        if isinstance(logger, WandbLogger):
+            logger.experiment.finish()
     return metrics
 
 
