@@ -297,7 +297,11 @@ class SamplerLightning(L.LightningModule):
             logger.log_hyperparams(notes)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        codebook = checkpoint["state_dict"]["sampler.codebook"]
+        codebook = checkpoint["state_dict"].get("sampler.codebook")
+        if codebook is None:
+            raise ValueError(
+                "the checkpoint holds no up/down-sampler (no 'sampler.codebook'): wrong ckpt_path?"
+            )
         try:
             check_codebook_match(f"the checkpoint's {self.sampler.kind}", codebook, self.vq)
         except ValueError as error:

@@ -26,7 +26,8 @@ def prepare_data(data_cfg: DictConfig) -> DictConfig:
     """Generate the shards a data config asks for under `generate:` (the testbed's SynthScenes), pre-tokenise
     them when it has a `pretokenize:` block, and point `train_shards` / `val_shards` at the result; return
     the datamodule's arguments."""
-    data = OmegaConf.to_container(data_cfg, resolve=True)
+    # throw_on_missing: a '???' value (data.train_shards of LAION) is a clear error, not the string '???'
+    data = OmegaConf.to_container(data_cfg, resolve=True, throw_on_missing=True)
     generate = data.pop("generate", None)
     pretokenize = data.pop("pretokenize", None)
     if generate:
