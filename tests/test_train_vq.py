@@ -6,12 +6,10 @@ import csv
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
-from hydra.core.hydra_config import HydraConfig
 
 from mulo_sd.vq import VQModel
-from training.train import CONFIG_DIR, run
+from tests.helpers import compose_train_config
+from training.train import run
 
 TINY_VQ = [
     "experiment=testbed/vq",
@@ -36,31 +34,13 @@ TINY_VQ = [
 ]
 
 
-def compose_train(tmp_path, overrides: list[str], run_dir: str = "run"):
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        cfg = compose(
-            "train",
-            overrides=[
-                f"paths.data_dir={tmp_path}/shards",
-                f"paths.log_dir={tmp_path}/runs",
-                f"hydra.run.dir={tmp_path}/{run_dir}",
-                f"paths.output_dir={tmp_path}/{run_dir}",
-                *overrides,
-            ],
-            return_hydra_config=True,
-        )
-    HydraConfig.instance().set_config(cfg)
-    return cfg
-
-
 def logged(run_dir, name: str) -> dict[int, float]:
     with open(run_dir / "csv" / "metrics.csv") as f:
         return {int(row["step"]): float(row[name]) for row in csv.DictReader(f) if row.get(name)}
 
 
 def test_fast_dev_run_trains_validates_and_exports(tmp_path):
-    cfg = compose_train(
+    cfg = compose_train_config(
         tmp_path, [*TINY_VQ, "trainer.max_steps=4", "trainer.val_check_interval=4", f"export={tmp_path}/vq"]
     )
     metrics = run(cfg)
@@ -77,12 +57,12 @@ def test_fast_dev_run_trains_validates_and_exports(tmp_path):
 def test_resume_reproduces_the_uninterrupted_losses(tmp_path):
     common = [*TINY_VQ, "trainer.max_steps=6", "trainer.val_check_interval=100",
               "callbacks.checkpoint.every_n_train_steps=3"]  # fmt: skip
-    run(compose_train(tmp_path, common, run_dir="full"))
-    full = logged(tmp_path / "full", "train/loss")
-    checkpoint = tmp_path / "full" / "checkpoints" / "step000003.ckpt"
+    run(compose_train_config(tmp_path / "full", common))
+    full = logged(tmp_path / "full" / "run", "train/loss")
+    checkpoint = tmp_path / "full" / "run" / "checkpoints" / "step000003.ckpt"
     assert checkpoint.is_file()
-    run(compose_train(tmp_path, [*common, f"ckpt_path={checkpoint}"], run_dir="resumed"))
-    resumed = logged(tmp_path / "resumed", "train/loss")
+    run(compose_train_config(tmp_path / "resumed", [*common, f"ckpt_path={checkpoint}"]))
+    resumed = logged(tmp_path / "resumed" / "run", "train/loss")
     assert sorted(resumed) == [3, 4, 5]  # Lightning's step index of the 4th..6th optimiser steps
     for step in resumed:
         assert resumed[step] == pytest.approx(full[step], rel=1e-5), step
@@ -90,7 +70,7 @@ def test_resume_reproduces_the_uninterrupted_losses(tmp_path):
 
 @pytest.mark.slow
 def test_two_process_cpu_ddp(tmp_path):
-    cfg = compose_train(
+    cfg = compose_train_config(
         tmp_path, [*TINY_VQ, "trainer=ddp_cpu", "trainer.max_steps=3", "trainer.val_check_interval=3",
                    f"export={tmp_path}/vq"],
     )  # fmt: skip
