@@ -1,4 +1,5 @@
-"""Helpers shared by test files: compose `mulo-train` configs the way the Hydra entry point does."""
+"""Helpers shared by test files: compose `mulo-train` configs the way the Hydra entry point does; build tiny
+random models."""
 
 from __future__ import annotations
 
@@ -6,9 +7,11 @@ import os
 from pathlib import Path
 
 import hydra
+import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 
+from mulo_sd.vq import VQConfig, VQModel
 from training.train import CONFIG_DIR
 
 
@@ -30,3 +33,12 @@ def compose_train_config(tmp_path: Path, overrides: list[str]) -> DictConfig:
     with open_dict(cfg):  # the task function of `mulo-train` gets the config without its `hydra` node
         del cfg["hydra"]
     return cfg
+
+
+def tiny_vq(seed: int = 0, codebook_size: int = 64, ch_mult: tuple = (1, 1, 1, 1), **overrides) -> VQModel:
+    """A random VQ in eval mode, downsampling by 2 ** (len(ch_mult) - 1); `overrides` set VQConfig fields."""
+    torch.manual_seed(seed)
+    fields = dict(codebook_embed_dim=4, z_channels=8, ch=8, num_res_blocks=1, norm_groups=4) | overrides
+    mult = list(ch_mult)
+    config = VQConfig(codebook_size=codebook_size, encoder_ch_mult=mult, decoder_ch_mult=mult, **fields)
+    return VQModel(config).eval()

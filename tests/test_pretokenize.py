@@ -4,32 +4,18 @@ import os
 
 import numpy as np
 import pytest
-import torch
 import webdataset as wds
 from PIL import Image
 
 from data.cli import main, synthscenes_sample
 from data.pretokenize import MANIFEST_NAME, ensure_pretokenized, output_spec
 from data.shards import write_shards
-from mulo_sd.vq import VQConfig, VQModel
+from mulo_sd.vq import VQModel
+from tests.helpers import tiny_vq
 from training.datamodule import center_crop, to_tensor
 
 SIZES = [32, 16, 8]  # the tiny ds8 VQ gives tok4, tok2, tok1
 
-
-def tiny_vq(seed: int) -> VQModel:
-    torch.manual_seed(seed)
-    config = VQConfig(
-        codebook_size=64,
-        codebook_embed_dim=4,
-        encoder_ch_mult=[1, 1, 1, 1],
-        decoder_ch_mult=[1, 1, 1, 1],
-        z_channels=8,
-        ch=8,
-        num_res_blocks=1,
-        norm_groups=4,
-    )
-    return VQModel(config).eval()
 
 
 @pytest.fixture

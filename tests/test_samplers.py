@@ -12,24 +12,16 @@ from mulo_sd.upsampler import (
     soft_codes,
     straight_through_codes,
 )
-from mulo_sd.vq import VQConfig, VQModel
+from mulo_sd.vq import VQModel
+from tests import helpers
 
 V, D = 32, 4
 TINY = dict(codebook_size=V, code_dim=D, width=16, blocks=2, kernel=3)
-TINY_VQ = dict(
-    codebook_embed_dim=D,
-    encoder_ch_mult=[1, 2, 2, 4],
-    decoder_ch_mult=[1, 2, 2, 4],
-    z_channels=16,
-    ch=16,
-    num_res_blocks=1,
-    norm_groups=8,
-)
 
 
 def tiny_vq(codebook_size: int = V, seed: int = 0, **overrides) -> VQModel:
-    torch.manual_seed(seed)
-    return VQModel(VQConfig(codebook_size=codebook_size, **{**TINY_VQ, **overrides})).eval()
+    fields = dict(z_channels=16, ch=16, norm_groups=8) | overrides
+    return helpers.tiny_vq(seed, codebook_size, (1, 2, 2, 4), **fields)
 
 
 def codebook(seed: int = 0) -> torch.Tensor:

@@ -23,6 +23,7 @@ from mulo_sd.sceneeval import (
 )
 from mulo_sd.synthscenes import COLOURS, SHAPES, render_scene, sample_scene, write_caption
 from mulo_sd.vq import VQModel
+from tests.helpers import tiny_vq
 from training.sceneeval_module import SceneEvalLightning
 from training.train import CONFIG_DIR, run
 
@@ -274,8 +275,25 @@ def test_dev_training_run_logs_validation_and_exports(tmp_path):
         cfg = compose("train", overrides=overrides)
     metrics = run(cfg)
     assert 0.0 <= metrics["val/score"] <= 1.0
+    assert 0.0 <= metrics["val/score_vq"] <= 1.0  # the real images' tokenizer round trips, scored too
     for kind in ("object", "count", "colour"):
         assert 0.0 <= metrics[f"val/acc_{kind}"] <= 1.0
     assert metrics["train/density_loss"] > 0 and metrics["train/centroid_loss"] > 0
     model = SceneEval.from_pretrained(tmp_path / "export")
     assert model.config.channels == [8, 16] and model.config.image_size == 32
+
+
+def test_round_trip_training_needs_a_tokenizer_and_uses_it(tmp_path):
+    common = {"net": OmegaConf.create(TINY_NET), "loss": OmegaConf.create({}), "optim": OmegaConf.create({})}
+    with pytest.raises(ValueError, match="reconstruct_prob > 0 needs a tokenizer"):
+        SceneEvalLightning(**common, reconstruct_prob=0.5)
+    with pytest.raises(ValueError, match=r"reconstruct_prob must lie in \[0, 1\], got 1.5"):
+        SceneEvalLightning(**common, tokenizer="unused", reconstruct_prob=1.5)
+    vq = tiny_vq(0, 32, (1, 2, 2, 4))
+    vq.save_pretrained(tmp_path / "vq")
+    module = SceneEvalLightning(**common, tokenizer=str(tmp_path / "vq"), reconstruct_prob=1.0)
+    assert not any(k.startswith("tokenizer") for k in module.state_dict())  # not saved with SceneEval
+    images = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(0)) * 2 - 1
+    with torch.no_grad():
+        expected = vq.decode(vq.encode(images)).clamp(-1, 1)
+    assert torch.equal(module.round_trip(images), expected)

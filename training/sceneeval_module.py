@@ -2,7 +2,12 @@
 pair's density map against its target (one unit-mass blob per object, so the map sums to the count) plus a
 masked MSE on the centroids of the pairs present. Validation scores the real
 validation images against their own captions with the same checks used on generated images, so `val/score`
-(mean per-prompt score) should approach 1."""
+(mean per-prompt score) should approach 1.
+
+Generated images reach SceneEval through the tokenizer's decoder, which blurs edges and shifts colours. With
+`tokenizer` set, a fraction `reconstruct_prob` of the training images is replaced by its VQ round trip
+(encode -> decode), and validation also scores the round trips of the real images (`val/score_vq`): how
+well it reads a tokenizer-perfect generation."""
 
 from __future__ import annotations
 
@@ -21,14 +26,31 @@ from mulo_sd.sceneeval import (
     check_results,
     density_targets,
 )
+from mulo_sd.vq import VQModel
 from training.vq_module import warmup_cosine
 
 
 class SceneEvalLightning(L.LightningModule):
-    def __init__(self, net: DictConfig, loss: DictConfig, optim: DictConfig, image_key: str = "image"):
+    def __init__(
+        self,
+        net: DictConfig,
+        loss: DictConfig,
+        optim: DictConfig,
+        image_key: str = "image",
+        tokenizer: str | None = None,
+        reconstruct_prob: float = 0.0,
+    ):
         super().__init__()
         self.save_hyperparameters()
         self.model = SceneEval(SceneEvalConfig(**OmegaConf.to_container(net, resolve=True)))
+        if not 0.0 <= reconstruct_prob <= 1.0:
+            raise ValueError(f"reconstruct_prob must lie in [0, 1], got {reconstruct_prob}")
+        if reconstruct_prob > 0 and tokenizer is None:
+            raise ValueError("reconstruct_prob > 0 needs a tokenizer folder to make the round trips")
+        # frozen and kept out of the state dict: it is not part of SceneEval
+        frozen = VQModel.from_pretrained(tokenizer).eval().requires_grad_(False) if tokenizer else None
+        self.tokenizer = [frozen] if frozen else []
+        self.reconstruct_prob = reconstruct_prob
         self.loss_cfg = loss
         self.optim_cfg = optim
         self.image_key = image_key  # training images; validation always reads the full-size "image"
@@ -54,8 +76,18 @@ class SceneEvalLightning(L.LightningModule):
         count_error = (out["counts"].detach() - counts).abs().mean()
         return {"density": density_loss, "centroid": centroid_loss}, count_error
 
+    @torch.no_grad()
+    def round_trip(self, images: torch.Tensor) -> torch.Tensor:
+        vq = self.tokenizer[0].to(images.device)
+        return vq.decode(vq.encode(images)).clamp(-1, 1)
+
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         images = batch[self.image_key]
+        if self.reconstruct_prob > 0:
+            chosen = torch.rand(images.shape[0], device=images.device) < self.reconstruct_prob
+            if chosen.any():
+                images = images.clone()
+                images[chosen] = self.round_trip(images[chosen])
         terms, count_error = self.losses(self.model(images), batch["attributes"])
         total = sum(self.loss_cfg[f"{name}_weight"] * value for name, value in terms.items())
         logs = {f"train/{name}_loss": value.detach() for name, value in terms.items()}
@@ -71,18 +103,28 @@ class SceneEvalLightning(L.LightningModule):
         return total
 
     def on_validation_epoch_start(self) -> None:
-        # passed and total checks per kind, then summed prompt scores and images; summed over ranks at the end
-        self.val_sums = torch.zeros(2 * len(CHECK_KINDS) + 2, dtype=torch.float64, device=self.device)
+        # passed and total checks per kind, then summed prompt scores, summed round-trip prompt scores and
+        # images; summed over ranks at the end
+        self.val_sums = torch.zeros(2 * len(CHECK_KINDS) + 3, dtype=torch.float64, device=self.device)
+
+    def prompt_scores(self, images: torch.Tensor, captions: list[str], sums: torch.Tensor | None = None):
+        """Summed per-prompt scores of `images`; per-kind check tallies are added to `sums` when given."""
+        counts, centroids = self.model.predict(images)
+        total = 0.0
+        for checks in check_results(counts, centroids, captions):
+            if sums is not None:
+                for check, passed in checks:
+                    k = CHECK_KINDS.index(check.kind)
+                    sums[k] += passed
+                    sums[len(CHECK_KINDS) + k] += 1
+            total += sum(passed for _, passed in checks) / len(checks)
+        return total
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
-        counts, centroids = self.model.predict(batch["image"])
         sums = torch.zeros_like(self.val_sums)
-        for checks in check_results(counts, centroids, batch["caption"]):
-            for check, passed in checks:
-                k = CHECK_KINDS.index(check.kind)
-                sums[k] += passed
-                sums[len(CHECK_KINDS) + k] += 1
-            sums[-2] += sum(passed for _, passed in checks) / len(checks)
+        sums[-3] += self.prompt_scores(batch["image"], batch["caption"], sums)
+        if self.tokenizer:
+            sums[-2] += self.prompt_scores(self.round_trip(batch["image"]), batch["caption"])
         sums[-1] += len(batch["caption"])
         self.val_sums += sums
 
@@ -92,7 +134,9 @@ class SceneEvalLightning(L.LightningModule):
         for k, kind in enumerate(CHECK_KINDS):
             if sums[n + k] > 0:  # a small validation set may hold no relation
                 self.log(f"val/acc_{kind}", (sums[k] / sums[n + k]).float())
-        self.log("val/score", (sums[-2] / sums[-1].clamp_min(1)).float(), prog_bar=True)
+        self.log("val/score", (sums[-3] / sums[-1].clamp_min(1)).float(), prog_bar=True)
+        if self.tokenizer:
+            self.log("val/score_vq", (sums[-2] / sums[-1].clamp_min(1)).float())
 
     def on_train_batch_start(self, batch, batch_idx) -> None:
         if batch_idx == 0:
