@@ -39,6 +39,11 @@ from mulo_sd.slot_cache import DecodeState, check_step, visible_slots
 
 CONDITIONS = ("words", "t5", "class", "tatok")
 POSITIONS = ("rope2d", "rope1d", "absolute")
+# How rotary positions treat the condition prefix. 'zero' is LlamaGen's: the prefix's queries and keys are
+# multiplied by zero, so every grid query scores every prefix slot alike and reads a plain average of the
+# prefix values (fine for contextual T5 features). 'identity' leaves them unrotated, so attention can pick
+# words by content, which word-embedding captions need to bind colours to shapes.
+PREFIX_ROTATIONS = ("zero", "identity")
 
 
 @dataclass
@@ -57,6 +62,8 @@ class GPTConfig:
     rope_base: float = 10000.0
     position: str = "rope2d"  # one of POSITIONS
     n_positions: int | None = None  # rows of the 'absolute' table; None: one per slot
+    prefix_rotation: str = "zero"  # one of PREFIX_ROTATIONS (rotary positions only)
+    word_positions: bool = False  # 'words': add a learned position per caption word (word order matters)
     cond_vocab_size: int = 0  # 'words': caption vocabulary size
     caption_dim: int = 2048  # 'words', 't5', 'tatok': width of the features entering the projection
     num_classes: int = 1000  # 'class'
@@ -73,6 +80,11 @@ class GPTConfig:
             raise ValueError(f"cond_type must be one of {CONDITIONS}, got '{self.cond_type}'")
         if self.position not in POSITIONS:
             raise ValueError(f"position must be one of {POSITIONS}, got '{self.position}'")
+        if self.prefix_rotation not in PREFIX_ROTATIONS:
+            rotation = self.prefix_rotation
+            raise ValueError(f"prefix_rotation must be one of {PREFIX_ROTATIONS}, got '{rotation}'")
+        if self.word_positions and self.cond_type != "words":
+            raise ValueError(f"word_positions needs cond_type 'words', got '{self.cond_type}'")
         if self.dim % self.n_head:
             raise ValueError(f"dim {self.dim} is not divisible by n_head {self.n_head}")
         if self.n_head % self.kv_heads:
@@ -295,6 +307,8 @@ class GPT(nn.Module, Pretrained):
         else:
             if c.cond_type == "words":
                 self.word_embeddings = nn.Embedding(c.cond_vocab_size, c.caption_dim)
+                if c.word_positions:
+                    self.word_positions = nn.Parameter(torch.zeros(c.cond_len, c.caption_dim))
             self.cls_embedding = CaptionEmbedder(c.caption_dim, c.dim, c.cond_len)
         self.tok_embeddings = nn.Embedding(c.vocab_size, c.dim)
         self.tok_dropout = nn.Dropout(c.dropout)
@@ -314,6 +328,8 @@ class GPT(nn.Module, Pretrained):
             if isinstance(module, nn.Linear) and module.bias is not None:
                 nn.init.zeros_(module.bias)
         nn.init.zeros_(self.output.weight)
+        if self.config.word_positions:
+            nn.init.normal_(self.word_positions, std=self.config.initializer_range)
 
     @property
     def grid_size(self) -> tuple[int, int]:
@@ -457,7 +473,10 @@ class GPT(nn.Module, Pretrained):
             exponents = torch.arange(0, c.head_dim, 2, device=slots.device).float() / c.head_dim
             freqs = 1.0 / c.rope_base**exponents
             angles = grid.float()[:, None] * freqs
-        in_prefix = (grid < 0)[:, None]  # LlamaGen's zero rows: queries and keys of the prefix become 0
+        in_prefix = (grid < 0)[:, None]
+        if c.prefix_rotation == "identity":  # cos 1, sin 0: the prefix's queries and keys pass unrotated
+            return angles.cos().masked_fill(in_prefix, 1.0), angles.sin().masked_fill(in_prefix, 0.0)
+        # LlamaGen's zero rows: the prefix's queries and keys become 0
         return angles.cos().masked_fill(in_prefix, 0.0), angles.sin().masked_fill(in_prefix, 0.0)
 
     def _embed_condition(self, cond: torch.Tensor, drop: torch.Tensor | None) -> torch.Tensor:
@@ -475,7 +494,12 @@ class GPT(nn.Module, Pretrained):
             if drop is not None:
                 features = features.masked_fill(drop[:, None, None], 0.0)  # Tar's null condition: zeros
             return self.clip_proj(features)
-        features = self.word_embeddings(cond) if c.cond_type == "words" else cond.to(dtype)
+        if c.cond_type == "words":
+            features = self.word_embeddings(cond)
+            if c.word_positions:
+                features = features + self.word_positions
+        else:
+            features = cond.to(dtype)
         if drop is not None:
             uncond = self.cls_embedding.uncond_embedding.to(features.dtype)
             features = torch.where(drop[:, None, None], uncond, features)

@@ -134,3 +134,22 @@ def test_ema_follows_the_weights_and_is_exported(tmp_path):
         torch.testing.assert_close(new, 0.75 * old + 0.25 * live)
     exported = GPT.from_pretrained(module.export(tmp_path / "gpt"))
     torch.testing.assert_close(exported.output.weight, module.ema_gpt.output.weight)
+
+
+def test_init_from_starts_from_a_folder_and_refuses_what_does_not_fit(tmp_path, caplog):
+    old = make_module().gpt  # LlamaGen's prefix: zero rotation, no word positions
+    folder = old.save_pretrained(tmp_path / "old")
+    cfg = OmegaConf.create(module_config(prefix_rotation="identity", word_positions=True))
+    with caplog.at_level("WARNING"):
+        new = ARLightning(cfg.gpt, cfg.token_key, cfg.optim, cfg.loss, init_from=str(folder)).gpt
+    assert "['word_positions'] keep their fresh init" in caplog.text
+    for name, tensor in old.state_dict().items():
+        assert torch.equal(new.state_dict()[name], tensor), name
+    assert new.word_positions.abs().sum() > 0  # initialised, not zeros
+    cfg = OmegaConf.create(module_config(dim=64))
+    with pytest.raises(ValueError, match="(?s)does not fit the configured GPT: .*size mismatch"):
+        ARLightning(cfg.gpt, cfg.token_key, cfg.optim, cfg.loss, init_from=str(folder))
+    richer = make_module(word_positions=True).gpt.save_pretrained(tmp_path / "richer")
+    cfg = OmegaConf.create(module_config())
+    with pytest.raises(ValueError, match=r"has weights the configured GPT lacks: \['word_positions'\]"):
+        ARLightning(cfg.gpt, cfg.token_key, cfg.optim, cfg.loss, init_from=str(richer))

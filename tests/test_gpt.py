@@ -88,6 +88,28 @@ def test_stepwise_decoding_equals_full_forward(position, cond_type, cfg_scale):
     assert (got[:, 1:] - got[:, :-1]).abs().max() > 1e-3  # the comparison is not between constants
 
 
+@pytest.mark.parametrize("position", ["rope2d", "rope1d"])
+def test_content_addressable_prefix_decodes_like_full_forward(position):
+    config = make_config("words", position, prefix_rotation="identity", word_positions=True)
+    model = make_model(config)
+    cond, tokens = make_cond(config, 2), random_tokens(2)
+    got = decode_one_by_one(model, model.start(cond, 2.0), tokens)
+    torch.testing.assert_close(got, reference(model, tokens, cond, 2.0), rtol=0, atol=1e-10)
+
+
+def test_prefix_rotation_and_word_positions_change_what_the_grid_reads():
+    """'zero' (LlamaGen) gives every prefix key zero, so a grid query weighs all words alike; 'identity' keeps
+    the keys; word positions make the order of the words matter."""
+    base = make_config("words")
+    zero, identity = make_model(base), make_model(make_config("words", prefix_rotation="identity"))
+    identity.load_state_dict(zero.state_dict())  # the same weights: only the rotation differs
+    cond, tokens = make_cond(base, 1), random_tokens(1)
+    assert (zero(tokens, cond) - identity(tokens, cond)).abs().max() > 1e-3
+    ordered = make_model(make_config("words", prefix_rotation="identity", word_positions=True))
+    swapped = cond[:, [1, 0, 2]]
+    assert (ordered(tokens, cond) - ordered(tokens, swapped)).abs().max() > 1e-3
+
+
 def test_condition_padding_is_invisible():
     config = make_config("t5")
     model = make_model(config)
@@ -400,6 +422,10 @@ def test_start_and_forward_refuse_bad_conditions():
 def test_config_refuses_inconsistent_fields():
     with pytest.raises(ValueError, match="cond_type must be one of"):
         make_config("clip")
+    with pytest.raises(ValueError, match=r"prefix_rotation must be one of \('zero', 'identity'\), got 'one'"):
+        make_config(prefix_rotation="one")
+    with pytest.raises(ValueError, match="word_positions needs cond_type 'words', got 't5'"):
+        make_config("t5", word_positions=True)
     with pytest.raises(ValueError, match="'rope2d' needs head_dim divisible by 4"):
         make_config(dim=24, n_head=4)
     with pytest.raises(ValueError, match="n_head 4 is not a multiple of n_kv_head 3"):

@@ -9,6 +9,7 @@ training, which gives it the unconditional prefix that classifier-free guidance 
 from __future__ import annotations
 
 import copy
+import logging
 import math
 import time
 from pathlib import Path
@@ -27,6 +28,7 @@ from mulo_sd.vq import VQModel
 from training.losses import token_accuracy, token_cross_entropy
 from training.vq_module import warmup_cosine
 
+log = logging.getLogger(__name__)
 
 def check_word_condition(config: GPTConfig) -> None:
     """The module feeds `encode_caption` ids: the GPT must take exactly those."""
@@ -59,13 +61,16 @@ class ARLightning(L.LightningModule):
         ema: float | None = None,
         tokenizer: str | None = None,
         samples: DictConfig | None = None,
+        init_from: str | None = None,
     ):
         """gpt: GPTConfig fields. token_key: the batch's grid, e.g. "tok16". optim: lr, betas, weight_decay,
         warmup_steps, total_steps, min_lr_ratio, grad_clip. loss: label_smoothing. ema: decay of an
         exponential moving average of the weights (validated and exported instead of the raw weights), or
         None. tokenizer: the VQ folder that made the tokens (its codebook size is checked against the GPT's
         vocabulary; it also decodes the sample grid). samples: count, seed and SamplerConfig fields of the
-        images sampled at each validation end (needs `tokenizer`), or None."""
+        images sampled at each validation end (needs `tokenizer`), or None. init_from: a GPT folder whose
+        weights start the training (fine-tuning, or a changed architecture); parameters it lacks keep their
+        fresh init and are logged, anything else that differs is an error."""
         super().__init__()
         self.save_hyperparameters()
         config = GPTConfig(**OmegaConf.to_container(gpt, resolve=True))
@@ -77,6 +82,8 @@ class ARLightning(L.LightningModule):
         if samples is not None and tokenizer is None:
             raise ValueError("samples are decoded to images: set a tokenizer folder, or samples=null")
         self.gpt = GPT(config)
+        if init_from is not None:
+            self.initialise_from(init_from)
         self.ema_gpt = copy.deepcopy(self.gpt).requires_grad_(False) if ema is not None else None
         self.ema_decay = ema
         self.token_key = token_key
@@ -89,6 +96,17 @@ class ARLightning(L.LightningModule):
         self.sample_batch: tuple[list[str], torch.Tensor] | None = None
         self.skipped_by_worker: dict[int, int] = {}
         self.last_step_time: float | None = None
+
+    def initialise_from(self, folder: str) -> None:
+        state = GPT.from_pretrained(folder).state_dict()
+        try:
+            missing, unexpected = self.gpt.load_state_dict(state, strict=False)
+        except RuntimeError as error:  # shape mismatches
+            raise ValueError(f"init_from {folder} does not fit the configured GPT: {error}") from None
+        if unexpected:
+            raise ValueError(f"init_from {folder} has weights the configured GPT lacks: {unexpected}")
+        if missing:
+            log.warning("init_from %s: %s keep their fresh init (not in that folder)", folder, missing)
 
     @property
     def eval_gpt(self) -> GPT:
