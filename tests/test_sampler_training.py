@@ -21,26 +21,12 @@ from mulo_sd.downsampler import Downsampler
 from mulo_sd.gpt import GPT, GPTConfig
 from mulo_sd.sampling import SamplerConfig
 from mulo_sd.upsampler import Upsampler
-from mulo_sd.vq import VQConfig, VQModel
+from tests.helpers import tiny_vq
 from training.sampler_module import SamplerLightning, accepted_draft_tokens
 from training.train import CONFIG_DIR, run
 
 CODES = 32
 
-
-def tiny_vq(seed: int) -> VQModel:
-    torch.manual_seed(seed)
-    config = VQConfig(
-        codebook_size=CODES,
-        codebook_embed_dim=4,
-        encoder_ch_mult=[1, 2],
-        decoder_ch_mult=[1, 2],
-        z_channels=8,
-        ch=8,
-        num_res_blocks=1,
-        norm_groups=4,
-    )
-    return VQModel(config).eval()
 
 
 def tiny_target(grid: int, vocab: int = CODES, seed: int = 0) -> GPT:
@@ -68,8 +54,8 @@ def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("sampler_training")
     return {
         "root": root,
-        "vq": str(tiny_vq(0).save_pretrained(root / "vq")),
-        "other_vq": str(tiny_vq(1).save_pretrained(root / "other_vq")),
+        "vq": str(tiny_vq(0, CODES, (1, 2)).save_pretrained(root / "vq")),
+        "other_vq": str(tiny_vq(1, CODES, (1, 2)).save_pretrained(root / "other_vq")),
         "target": str(tiny_target(16).save_pretrained(root / "target")),
     }
 
@@ -243,6 +229,35 @@ def test_token_ce_row_exports_the_ema_weights(folders):
     ema, live = trained.ema_sampler(ids)["logits"], trained.sampler.eval()(ids)["logits"]
     torch.testing.assert_close(exported(ids)["logits"], ema, rtol=0, atol=0)
     assert not torch.allclose(ema, live)
+
+
+def test_validation_only_run_of_a_checkpoint_repeats_its_metrics(folders):
+    """validate_first + ckpt_path at the checkpoint's last step: validates those weights, trains nothing."""
+    run_dir = folders["root"] / "token_ce_again"
+    first = run(compose_train(folders, run_dir, [*tiny(folders, target=folders["target"]), "loss=token_ce"]))
+    again_dir = folders["root"] / "validate_only"
+    overrides = [
+        *tiny(folders, target=folders["target"]),
+        "loss=token_ce",
+        "validate_first=true",
+        f"ckpt_path={run_dir}/checkpoints/last.ckpt",
+    ]
+    again = run(compose_train(folders, again_dir, overrides))
+    for name in ("val/acc", "val/ce", "val/psnr", "val/accept@0.1"):
+        assert again[name] == pytest.approx(first[name], rel=1e-6), name
+    assert not logged(again_dir, "train/loss")
+
+
+def test_pixel_space_row_is_validated_not_trained(folders):
+    run_dir = folders["root"] / "pixel"
+    overrides = [*tiny(folders, target=folders["target"]), "model.pixel=bicubic", "validate_first=true"]
+    metrics = run(compose_train(folders, run_dir, [*overrides, "trainer.max_steps=0"]))
+    assert 0.0 <= metrics["val/acc"] <= 1.0 and metrics["val/psnr"] > 0 and "val/accept@0.1" in metrics
+    assert "val/ce" not in metrics  # no logits to score
+    with pytest.raises(ValueError, match="pixel-space sampler, which has no weights"):
+        run(compose_train(folders, folders["root"] / "pixel_train", [*overrides, "trainer.max_steps=1"]))
+    with pytest.raises(Exception, match="pixel must be one of"):  # wrapped by Hydra
+        instantiate_module(folders, ["model.pixel=cubic"])
 
 
 def test_mse_lpips_row_soft_path_without_target(folders):

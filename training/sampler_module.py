@@ -48,6 +48,7 @@ from mulo_sd.downsampler import Downsampler, DownsamplerConfig
 from mulo_sd.gpt import GPT
 from mulo_sd.io import CONFIG_NAME
 from mulo_sd.neighbours import codebook_neighbours
+from mulo_sd.pixel_samplers import MODES, PixelDownsampler, PixelUpsampler
 from mulo_sd.sampling import SamplerConfig, guide, process_logits
 from mulo_sd.upsampler import (
     Upsampler,
@@ -164,6 +165,7 @@ class SamplerLightning(L.LightningModule):
         target: str | None = None,
         acceptance: DictConfig | None = None,
         images: DictConfig | None = None,
+        pixel: str | None = None,
     ):
         """kind: 'up' or 'down'. r: the scale between the grids. image_size: high-res px (the batch's "image";
         the low-res one is "image_{image_size // r}"). tokenizer: the frozen VQ folder. sampler: Upsampler /
@@ -172,7 +174,9 @@ class SamplerLightning(L.LightningModule):
         conf/loss/token_ce.yaml. ema: decay of an exponential moving average of the weights (validated and
         exported instead), or None. target: the target GPT folder for the acceptance metric (up-sampler only;
         missing folder or None: skipped with a note). acceptance: k, taus and the SamplerConfig fields of the
-        target's distribution. images: count of validation examples drawn as an image grid, or None."""
+        target's distribution. images: count of validation examples drawn as an image grid, or None. pixel:
+        an interpolation mode (pixel_samplers.MODES) to validate the pixel-space twin (VQ-decode, resize,
+        VQ-encode) instead of the learned sampler, as the tables' baseline row; it has nothing to train."""
         super().__init__()
         self.save_hyperparameters()
         self.automatic_optimization = False  # generator and discriminator take turns
@@ -203,7 +207,15 @@ class SamplerLightning(L.LightningModule):
             self.sampler = Upsampler(config, self.vq.codebook)
         else:
             self.sampler = Downsampler(DownsamplerConfig(**fields), self.vq.codebook)
-        self.has_logits = kind == "down" or self.sampler.config.output in ("logits", "both")
+        self.pixel_sampler = None
+        if pixel is not None:
+            if pixel not in MODES:
+                raise ValueError(f"pixel must be one of {MODES} or null, got '{pixel}'")
+            self.pixel_sampler = (
+                PixelUpsampler(self.vq, r, pixel) if kind == "up" else PixelDownsampler(self.vq, r)
+            )
+        has_logits = kind == "down" or self.sampler.config.output in ("logits", "both")
+        self.has_logits = has_logits and pixel is None
         self.ema_sampler = copy.deepcopy(self.sampler).requires_grad_(False) if ema is not None else None
         self.ema_decay = ema
         self.optim_cfg = optim
@@ -377,6 +389,11 @@ class SamplerLightning(L.LightningModule):
         return terms, logs, fake
 
     def training_step(self, batch: dict, batch_idx: int) -> None:
+        if self.pixel_sampler is not None:
+            raise ValueError(
+                "model.pixel validates the pixel-space sampler, which has no weights: run it with "
+                "validate_first=true trainer.max_steps=0"
+            )
         optimizers = self.optimizers()
         g_opt, d_opt = (optimizers, None) if self.adversarial is None else optimizers
         step = int(self.generator_step)
@@ -435,10 +452,17 @@ class SamplerLightning(L.LightningModule):
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         inputs, truth = self.grids(batch)
         sampler, sums = self.eval_sampler, self.val_sums
-        out = sampler(inputs)
-        if self.kind == "down":
-            out = {"logits": out}
-        predicted = out["logits"].argmax(1) if "logits" in out else sampler.tokens(out)
+        if self.pixel_sampler is not None:
+            out = {}
+            if self.kind == "up":
+                predicted = self.pixel_sampler.upsample(inputs)
+            else:
+                predicted = self.pixel_sampler.downsample(inputs)
+        else:
+            out = sampler(inputs)
+            if self.kind == "down":
+                out = {"logits": out}
+            predicted = out["logits"].argmax(1) if "logits" in out else sampler.tokens(out)
         if "logits" in out:
             sums["ce"] += F.cross_entropy(out["logits"].float(), truth, reduction="sum").double()
         sums["correct"] += (predicted == truth).sum()

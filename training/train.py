@@ -58,12 +58,15 @@ def run(cfg: DictConfig) -> dict[str, float]:
     hyperparameters = OmegaConf.to_container(OmegaConf.create(hyperparameters), resolve=True)
     for logger in trainer.loggers:
         logger.log_hyperparams(hyperparameters)
-    if cfg.get("validate_first"):
-        trainer.validate(model, datamodule=datamodule)
     # weights_only=False: our checkpoints hold the NumPy RNG state (RandomStateCheckpoint), which torch's
     # weights-only loading refuses; only resume from checkpoints you trust
+    validated = {}
+    if cfg.get("validate_first"):
+        ckpt_path = cfg.get("ckpt_path")
+        validated = trainer.validate(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=False)[0]
     trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"), weights_only=False)
-    metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    # fit starts its metrics afresh: a validation-only run (no steps left) keeps the validation's
+    metrics = {k: float(v) for k, v in {**validated, **trainer.callback_metrics}.items()}
     if cfg.get("export") and trainer.is_global_zero:
         folder = model.export(Path(cfg.export))
         log.info("exported %s", folder)
