@@ -26,7 +26,7 @@ from mulo_sd.methods import decode_ar
 from mulo_sd.sampling import SamplerConfig
 from mulo_sd.vq import VQModel
 from training.losses import token_accuracy, token_cross_entropy
-from training.vq_module import warmup_cosine
+from training.optim import adamw, warmup_cosine_schedule
 
 log = logging.getLogger(__name__)
 
@@ -121,10 +121,8 @@ class ARLightning(L.LightningModule):
             {"params": [p for p in params if p.dim() >= 2], "weight_decay": o.weight_decay},
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
         ]
-        optimizer = torch.optim.AdamW(groups, lr=o.lr, betas=tuple(o.betas))
-        schedule = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda s: warmup_cosine(s, o.warmup_steps, o.total_steps, o.min_lr_ratio)
-        )
+        optimizer = adamw(groups, o)  # each group sets its own weight_decay
+        schedule = warmup_cosine_schedule(optimizer, o)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):

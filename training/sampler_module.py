@@ -60,7 +60,8 @@ from mulo_sd.upsampler import (
 from mulo_sd.vq import VQModel
 from training.ar_module import check_word_condition
 from training.losses import LPIPS, AdversarialLoss, PatchDiscriminator, pixel_loss, token_cross_entropy
-from training.vq_module import psnr, warmup_cosine
+from training.optim import adamw, warmup_cosine_schedule
+from training.vq_module import psnr
 
 log = logging.getLogger(__name__)
 
@@ -286,18 +287,11 @@ class SamplerLightning(L.LightningModule):
         return self
 
     def configure_optimizers(self):
-        o = self.optim_cfg
-        g_opt = torch.optim.AdamW(
-            self.sampler.parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay
-        )
-        schedule = torch.optim.lr_scheduler.LambdaLR(
-            g_opt, lambda s: warmup_cosine(s, o.warmup_steps, o.total_steps, o.min_lr_ratio)
-        )
+        g_opt = adamw(self.sampler.parameters(), self.optim_cfg)
+        schedule = warmup_cosine_schedule(g_opt, self.optim_cfg)
         if self.adversarial is None:
             return [g_opt], [schedule]
-        d_opt = torch.optim.AdamW(
-            self.adversarial.discriminator.parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=0.0
-        )
+        d_opt = adamw(self.adversarial.discriminator.parameters(), self.optim_cfg, weight_decay=0.0)
         return [g_opt, d_opt], [schedule]
 
     def on_fit_start(self) -> None:

@@ -27,7 +27,7 @@ from mulo_sd.sceneeval import (
     density_targets,
 )
 from mulo_sd.vq import VQModel
-from training.vq_module import warmup_cosine
+from training.optim import adamw, warmup_cosine_schedule
 
 
 class SceneEvalLightning(L.LightningModule):
@@ -57,13 +57,8 @@ class SceneEvalLightning(L.LightningModule):
         self.last_step_time: float | None = None
 
     def configure_optimizers(self):
-        o = self.optim_cfg
-        optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay
-        )
-        schedule = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda s: warmup_cosine(s, o.warmup_steps, o.total_steps, o.min_lr_ratio)
-        )
+        optimizer = adamw(self.model.parameters(), self.optim_cfg)
+        schedule = warmup_cosine_schedule(optimizer, self.optim_cfg)
         return [optimizer], [{"scheduler": schedule, "interval": "step"}]
 
     def losses(self, out: dict, attributes: list[dict]) -> dict[str, torch.Tensor]:

@@ -3,7 +3,6 @@ on every resolution the batch carries (the testbed tokenizes 128, 64 and 32 px i
 
 from __future__ import annotations
 
-import math
 import time
 from pathlib import Path
 
@@ -13,20 +12,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from mulo_sd.vq import VQConfig, VQModel
 from training.losses import LPIPS, AdversarialLoss, PatchDiscriminator, pixel_loss
+from training.optim import adamw, warmup_cosine_schedule
 
 
 def psnr(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """Per-image PSNR in dB of images in [-1, 1] (peak-to-peak 2)."""
     mse = (prediction.clamp(-1, 1) - target).pow(2).flatten(1).mean(1)
     return 10 * torch.log10(4.0 / mse.clamp_min(1e-10))
-
-
-def warmup_cosine(step: int, warmup: int, total: int, floor: float) -> float:
-    """LR multiplier: linear warm-up, then cosine decay to `floor` at `total` steps."""
-    if step < warmup:
-        return (step + 1) / warmup
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
 class VQLightning(L.LightningModule):
@@ -65,21 +57,11 @@ class VQLightning(L.LightningModule):
         self.last_step_time: float | None = None
 
     def configure_optimizers(self):
-        o = self.optim_cfg
-        g_opt = torch.optim.AdamW(
-            self.vq.parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay
-        )
-        schedule = torch.optim.lr_scheduler.LambdaLR(
-            g_opt, lambda s: warmup_cosine(s, o.warmup_steps, o.total_steps, o.min_lr_ratio)
-        )
+        g_opt = adamw(self.vq.parameters(), self.optim_cfg)
+        schedule = warmup_cosine_schedule(g_opt, self.optim_cfg)
         if self.adversarial is None:
             return [g_opt], [schedule]
-        d_opt = torch.optim.AdamW(
-            self.adversarial.discriminator.parameters(),
-            lr=o.lr,
-            betas=tuple(o.betas),
-            weight_decay=o.weight_decay,
-        )
+        d_opt = adamw(self.adversarial.discriminator.parameters(), self.optim_cfg)
         return [g_opt, d_opt], [schedule]
 
     def reconstruction_loss(self, recon: torch.Tensor, image: torch.Tensor) -> dict[str, torch.Tensor]:

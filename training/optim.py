@@ -1,0 +1,33 @@
+"""The optimiser and learning-rate schedule every training module uses: AdamW with linear warm-up, then cosine
+decay, both read from a module's `optim` config (lr, betas, weight_decay, warmup_steps, total_steps,
+min_lr_ratio)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from omegaconf import DictConfig
+
+
+def warmup_cosine(step: int, warmup: int, total: int, floor: float) -> float:
+    """LR multiplier: linear warm-up, then cosine decay to `floor` at `total` steps."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def adamw(params, optim: DictConfig, weight_decay: float | None = None) -> torch.optim.AdamW:
+    """AdamW over `params` (tensors or parameter groups) with weight_decay from `optim` unless given."""
+    decay = optim.weight_decay if weight_decay is None else weight_decay
+    return torch.optim.AdamW(params, lr=optim.lr, betas=tuple(optim.betas), weight_decay=decay)
+
+
+def warmup_cosine_schedule(
+    optimizer: torch.optim.Optimizer, o: DictConfig
+) -> torch.optim.lr_scheduler.LRScheduler:
+    """Per-step LR multiplier `warmup_cosine` over `o.total_steps`."""
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: warmup_cosine(s, o.warmup_steps, o.total_steps, o.min_lr_ratio)
+    )
