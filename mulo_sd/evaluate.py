@@ -26,12 +26,14 @@ from __future__ import annotations
 import csv
 import json
 import statistics
+import sys
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from tqdm import tqdm
 
 from mulo_sd.decode import caption_condition, decode, resolve_knobs
 from mulo_sd.prompts import Prompt
@@ -137,9 +139,11 @@ def evaluate(
     warmup: int = 1,
     quality: bool = True,
     grid_prompts: int = 8,
+    progress: bool = True,
 ) -> Evaluation:
     """Run the protocol of the module docstring and write its files. SceneEval scores and FD are computed
-    when `quality` and `models.sceneeval` is loaded; the NLL whenever `quality`."""
+    when `quality` and `models.sceneeval` is loaded; the NLL whenever `quality`. `progress` shows a bar of the
+    decodes done (stderr) with the run being decoded."""
     reference = reference_run(runs)
     if not prompts or not seeds:
         raise ValueError(f"need at least one prompt and one seed, got {len(prompts)} and {len(seeds)}")
@@ -151,10 +155,14 @@ def evaluate(
         for _ in range(warmup):
             decode(run.method, models, [prompts[0].caption], run.knobs, sampler, seeds[0])
     rows, features, grid = [], {run.label: [] for run in runs}, {}
+    bar = tqdm(
+        total=len(prompts) * len(seeds) * len(runs), unit="decode", disable=not progress, file=sys.stderr
+    )
     for i, prompt in enumerate(prompts):
         cond = caption_condition(target, [prompt.caption])
         for seed in seeds:
             for run in runs[i % len(runs) :] + runs[: i % len(runs)]:
+                bar.set_postfix_str(f"prompt {i + 1}/{len(prompts)}, seed {seed}: {run.label}", refresh=False)
                 result = decode(run.method, models, [prompt.caption], run.knobs, sampler, seed)
                 row = {
                     "family": run.family, "label": run.label, "method": run.method,
@@ -169,6 +177,8 @@ def evaluate(
                 if i < grid_prompts and seed == seeds[0]:
                     grid[run.label, i] = result.image[0].cpu()
                 rows.append(row)
+                bar.update()
+    bar.close()
     order = {run.label: n for n, run in enumerate(runs)}
     rows.sort(key=lambda row: order[row["label"]])  # stable: prompts and seeds stay in decoding order
     add_ratios(rows, reference.label)

@@ -78,7 +78,7 @@ def test_eval_cli_smoke_writes_every_file(testbed, tmp_path):
     assert "| method | setting | speedup |" in (out / "matched.md").read_text()
 
 
-def test_evaluate_speed_only(testbed, tmp_path):
+def test_evaluate_speed_only(testbed, tmp_path, capsys):
     models = load_models(testbed, names=["vq", "target"])
     runs = [RunSpec("ar"), RunSpec("zipar", {"window": 2})]
     prompts = evaluation_prompts(2, image_size=16)
@@ -93,6 +93,8 @@ def test_evaluate_speed_only(testbed, tmp_path):
     assert all(row["step_ratio"] == row["nfe_ratio"] == 64 / 22 for row in zipar)
     assert "nll" not in result.rows[0] and "sceneeval" not in result.summary[0]
     assert (tmp_path / "speed_quality.png").is_file() and (tmp_path / "grid_seed3.png").is_file()
+    bar = capsys.readouterr().err.split("\r")[-1]  # the bar's final state: 2 runs x 2 prompts x 2 seeds
+    assert "8/8" in bar and "prompt 2/2, seed 4:" in bar
 
 
 def test_evaluate_refuses_a_run_set_without_ar(testbed, tmp_path):

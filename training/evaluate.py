@@ -61,6 +61,7 @@ def run(cfg: DictConfig) -> EvalRun:
     evaluation = evaluate(
         models, runs, prompts, list(cfg.seeds), sampler, cfg.device, out_dir,
         warmup=cfg.warmup, quality=cfg.quality, grid_prompts=cfg.grid_prompts,
+        progress=cfg.progress,
     )  # fmt: skip
     print(evaluation.files["summary_md"].read_text())
     matched = None
