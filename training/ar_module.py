@@ -30,6 +30,7 @@ from training.optim import adamw, warmup_cosine_schedule
 
 log = logging.getLogger(__name__)
 
+
 def check_word_condition(config: GPTConfig) -> None:
     """The module feeds `encode_caption` ids: the GPT must take exactly those."""
     wanted = {"cond_type": "words", "cond_len": MAX_CAPTION_WORDS, "cond_vocab_size": len(VOCAB)}

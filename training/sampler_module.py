@@ -59,6 +59,7 @@ from mulo_sd.upsampler import (
 )
 from mulo_sd.vq import VQModel
 from training.ar_module import check_word_condition
+from training.frozen import frozen
 from training.losses import LPIPS, AdversarialLoss, PatchDiscriminator, pixel_loss, token_cross_entropy
 from training.optim import adamw, warmup_cosine_schedule
 from training.vq_module import psnr
@@ -101,29 +102,6 @@ def upsampler_output(loss: DictConfig) -> str:
     logits = loss.ce_weight > 0 or (uses_pixels(loss) and loss.pixel_path == "soft")
     codes = uses_pixels(loss) and loss.pixel_path == "straight_through"
     return "both" if logits and codes else "code" if codes else "logits"
-
-
-def frozen(module: nn.Module) -> nn.Module:
-    """Eval mode, no gradients, and out of checkpoints (it is loaded from its own folder): its entries are
-    dropped from state_dict and filled in from the current weights when a state dict is loaded."""
-    module.requires_grad_(False).eval()
-    module.register_state_dict_post_hook(_drop_weights)
-    module.register_load_state_dict_pre_hook(_supply_weights)
-    return module
-
-
-def _own_weights(module: nn.Module) -> dict[str, torch.Tensor]:
-    return {**dict(module.named_parameters()), **dict(module.named_buffers())}
-
-
-def _drop_weights(module: nn.Module, state_dict: dict, prefix: str, local_metadata: dict) -> None:
-    for name in _own_weights(module):
-        state_dict.pop(prefix + name, None)
-
-
-def _supply_weights(module: nn.Module, state_dict: dict, prefix: str, *args) -> None:
-    for name, tensor in _own_weights(module).items():
-        state_dict.setdefault(prefix + name, tensor)
 
 
 @torch.no_grad()
@@ -278,13 +256,6 @@ class SamplerLightning(L.LightningModule):
     def eval_sampler(self) -> nn.Module:
         """The weights that are validated and exported: the EMA copy when there is one."""
         return self.sampler if self.ema_sampler is None else self.ema_sampler
-
-    def train(self, mode: bool = True) -> SamplerLightning:
-        super().train(mode)
-        self.vq.eval()  # frozen models keep eval behaviour while the sampler trains
-        if self.target is not None:
-            self.target.eval()
-        return self
 
     def configure_optimizers(self):
         g_opt = adamw(self.sampler.parameters(), self.optim_cfg)

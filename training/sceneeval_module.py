@@ -27,6 +27,7 @@ from mulo_sd.sceneeval import (
     density_targets,
 )
 from mulo_sd.vq import VQModel
+from training.frozen import frozen
 from training.optim import adamw, warmup_cosine_schedule
 
 
@@ -47,9 +48,7 @@ class SceneEvalLightning(L.LightningModule):
             raise ValueError(f"reconstruct_prob must lie in [0, 1], got {reconstruct_prob}")
         if reconstruct_prob > 0 and tokenizer is None:
             raise ValueError("reconstruct_prob > 0 needs a tokenizer folder to make the round trips")
-        # frozen and kept out of the state dict: it is not part of SceneEval
-        frozen = VQModel.from_pretrained(tokenizer).eval().requires_grad_(False) if tokenizer else None
-        self.tokenizer = [frozen] if frozen else []
+        self.tokenizer = frozen(VQModel.from_pretrained(tokenizer)) if tokenizer else None
         self.reconstruct_prob = reconstruct_prob
         self.loss_cfg = loss
         self.optim_cfg = optim
@@ -73,8 +72,7 @@ class SceneEvalLightning(L.LightningModule):
 
     @torch.no_grad()
     def round_trip(self, images: torch.Tensor) -> torch.Tensor:
-        vq = self.tokenizer[0].to(images.device)
-        return vq.decode(vq.encode(images)).clamp(-1, 1)
+        return self.tokenizer.decode(self.tokenizer.encode(images)).clamp(-1, 1)
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         images = batch[self.image_key]
@@ -118,7 +116,7 @@ class SceneEvalLightning(L.LightningModule):
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         sums = torch.zeros_like(self.val_sums)
         sums[-3] += self.prompt_scores(batch["image"], batch["caption"], sums)
-        if self.tokenizer:
+        if self.tokenizer is not None:
             sums[-2] += self.prompt_scores(self.round_trip(batch["image"]), batch["caption"])
         sums[-1] += len(batch["caption"])
         self.val_sums += sums
@@ -130,7 +128,7 @@ class SceneEvalLightning(L.LightningModule):
             if sums[n + k] > 0:  # a small validation set may hold no relation
                 self.log(f"val/acc_{kind}", (sums[k] / sums[n + k]).float())
         self.log("val/score", (sums[-3] / sums[-1].clamp_min(1)).float(), prog_bar=True)
-        if self.tokenizer:
+        if self.tokenizer is not None:
             self.log("val/score_vq", (sums[-2] / sums[-1].clamp_min(1)).float())
 
     def on_train_batch_start(self, batch, batch_idx) -> None:

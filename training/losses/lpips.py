@@ -16,6 +16,8 @@ import torch
 import torch.nn as nn
 from torchvision.models import AlexNet_Weights, SqueezeNet1_1_Weights, VGG16_Weights
 
+from training.frozen import frozen
+
 # torchvision's ImageNet weights for each LPIPS backbone; the cache file name is the URL's last part
 BACKBONE_WEIGHTS = {
     "vgg": VGG16_Weights.IMAGENET1K_V1,
@@ -63,10 +65,7 @@ class LPIPS(nn.Module):
                 UserWarning,
                 stacklevel=2,
             )
-        self.requires_grad_(False)
-        super().train(False)
-        self.register_state_dict_post_hook(_drop_own_weights)
-        self.register_load_state_dict_pre_hook(_supply_own_weights)
+        frozen(self)
 
     def _load_backbone(self, path: Path) -> None:
         # lpips splits torchvision's `features` into slices but keeps the layer indices:
@@ -85,9 +84,6 @@ class LPIPS(nn.Module):
         linear = "lpips v0.1 linear layers" if self.linear_weights else "RANDOM linear layers"
         return f"LPIPS({self.net}; backbone: {self.backbone}; {linear})"
 
-    def train(self, mode: bool = True) -> LPIPS:
-        return super().train(False)  # frozen: a parent's .train() must not switch on dropout
-
     def forward(
         self, prediction: torch.Tensor, target: torch.Tensor, reduction: str = "mean"
     ) -> torch.Tensor:
@@ -104,22 +100,3 @@ class LPIPS(nn.Module):
         if reduction == "per_sample":
             return distance
         raise ValueError(f"unknown reduction {reduction!r}, expected 'mean' or 'per_sample'")
-
-
-def _own_weights(module: LPIPS) -> dict[str, torch.Tensor]:
-    # remove_duplicate=False: lpips registers its linear layers twice (lin0.. and lins.0..)
-    return {
-        **dict(module.named_parameters(remove_duplicate=False)),
-        **dict(module.named_buffers(remove_duplicate=False)),
-    }
-
-
-def _drop_own_weights(module: LPIPS, state_dict: dict, prefix: str, local_metadata: dict) -> None:
-    for name in _own_weights(module):
-        state_dict.pop(prefix + name, None)
-
-
-def _supply_own_weights(module: LPIPS, state_dict: dict, prefix: str, *args) -> None:
-    # a checkpoint saved without the LPIPS weights loads strictly: the current (fixed) weights fill in
-    for name, tensor in _own_weights(module).items():
-        state_dict.setdefault(prefix + name, tensor)
