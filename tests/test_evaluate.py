@@ -3,6 +3,7 @@ import json
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 from PIL import Image
 
 from mulo_sd.evaluate import (
@@ -11,6 +12,7 @@ from mulo_sd.evaluate import (
     evaluate,
     expand_runs,
     matched_quality_table,
+    reference_run,
     summarize,
 )
 from mulo_sd.prompts import EVAL_SEED, evaluation_prompts
@@ -185,3 +187,13 @@ def test_evaluation_prompts_are_fixed_and_held_out():
     assert first[2].caption == caption and first[2].attributes == attributes
     assert first[2].image.shape == (3, 16, 16) and -1 <= first[2].image.min() <= first[2].image.max() <= 1
     assert EVAL_SEED not in (1, 2)  # the streams conf/data/synthscenes.yaml trains and validates on
+
+
+@pytest.mark.parametrize("preset", ["smoke", "speed_zipar", "paper_table"])
+def test_every_eval_preset_expands_to_valid_runs(testbed, tmp_path, preset):
+    cfg = compose("evaluate", tmp_path, [f"eval={preset}", f"models={testbed}"])
+    runs = expand_runs(OmegaConf.to_container(cfg.runs, resolve=True))  # raises on an unknown knob
+    assert reference_run(runs).method == "ar"  # and on a missing AR run or a repeated label
+    if preset == "paper_table":
+        families = {run.family for run in runs}
+        assert {"AR", "ZipAR", "LANTERN", "MuLo-SD (2x)", "MuLo-SD (4x)"} <= families
