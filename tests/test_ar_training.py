@@ -153,3 +153,27 @@ def test_init_from_starts_from_a_folder_and_refuses_what_does_not_fit(tmp_path, 
     cfg = OmegaConf.create(module_config())
     with pytest.raises(ValueError, match=r"has weights the configured GPT lacks: \['word_positions'\]"):
         ARLightning(cfg.gpt, cfg.token_key, cfg.optim, cfg.loss, init_from=str(richer))
+
+
+def test_a_run_ends_on_its_final_step_between_intervals(tmp_path, vq_folder):
+    """max_steps=3 with checkpoints and validation every 2 steps: last.ckpt holds step 3 (the exported
+    weights) and the returned metrics are step 3's validation, not step 2's."""
+    overrides = [
+        *tiny_run_overrides(vq_folder),
+        "trainer.val_check_interval=2",
+        "callbacks.checkpoint.every_n_train_steps=2",
+        f"export={tmp_path / 'gpt'}",
+    ]
+    metrics = run(compose_train_config(tmp_path, overrides))
+    checkpoints = tmp_path / "run" / "checkpoints"
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["last.ckpt", "step000002.ckpt"]
+    last = torch.load(checkpoints / "last.ckpt", map_location="cpu", weights_only=False)
+    assert last["global_step"] == 3
+    trained = ARLightning.load_from_checkpoint(checkpoints / "last.ckpt", weights_only=False).gpt
+    exported = GPT.from_pretrained(tmp_path / "gpt")
+    torch.testing.assert_close(exported.state_dict(), trained.state_dict(), rtol=0, atol=0)
+    with open(tmp_path / "run" / "csv" / "metrics.csv") as f:
+        validated = [row for row in csv.DictReader(f) if row.get("val/loss")]
+    # after step 2 (logged as 1 inside fit) and after step 3 (the extra validation, logged at 3)
+    assert [int(row["step"]) for row in validated] == [1, 3]
+    assert metrics["val/loss"] == pytest.approx(float(validated[-1]["val/loss"]), rel=1e-6)

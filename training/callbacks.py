@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import lightning as L
 import numpy as np
@@ -30,3 +31,22 @@ class RandomStateCheckpoint(L.Callback):
         torch.set_rng_state(state_dict["torch"])
         if "cuda" in state_dict and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state_dict["cuda"])
+
+
+class FinalStep(L.Callback):
+    """Ends a run on its final weights when max_steps is not a multiple of the checkpoint or validation
+    interval: writes last.ckpt of the final step (ModelCheckpoint's stays at the last interval, so a resume
+    would silently redo the steps after it) and records the step last validated, which `train.run` compares
+    with the final step to validate once more."""
+
+    def __init__(self):
+        self.validated_step: int | None = None
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.sanity_checking:
+            self.validated_step = trainer.global_step
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        for callback in trainer.checkpoint_callbacks:
+            if callback.save_last and callback.dirpath:
+                trainer.save_checkpoint(Path(callback.dirpath) / f"{callback.CHECKPOINT_NAME_LAST}.ckpt")

@@ -10,6 +10,8 @@ import lightning as L
 from lightning.pytorch.loggers import WandbLogger
 from omegaconf import DictConfig, OmegaConf
 
+from training.callbacks import FinalStep
+
 log = logging.getLogger(__name__)
 # The repository's conf/ (an absolute path: a relative one would be read as a Python package name).
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "conf"
@@ -65,6 +67,9 @@ def run(cfg: DictConfig) -> dict[str, float]:
         ckpt_path = cfg.get("ckpt_path")
         validated = trainer.validate(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=False)[0]
     trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"), weights_only=False)
+    final = next((c for c in trainer.callbacks if isinstance(c, FinalStep)), None)
+    if final and trainer.global_step > 0 and final.validated_step != trainer.global_step:
+        validated = trainer.validate(model, datamodule=datamodule)[0]  # the exported weights' metrics
     # fit starts its metrics afresh: a validation-only run (no steps left) keeps the validation's
     metrics = {k: float(v) for k, v in {**validated, **trainer.callback_metrics}.items()}
     if cfg.get("export") and trainer.is_global_zero:
