@@ -17,7 +17,6 @@ from training.datamodule import center_crop, to_tensor
 SIZES = [32, 16, 8]  # the tiny ds8 VQ gives tok4, tok2, tok1
 
 
-
 @pytest.fixture
 def vq_folder(tmp_path):
     return str(tiny_vq(0).save_pretrained(tmp_path / "vq"))

@@ -28,7 +28,6 @@ from training.train import CONFIG_DIR, run
 CODES = 32
 
 
-
 def tiny_target(grid: int, vocab: int = CODES, seed: int = 0) -> GPT:
     torch.manual_seed(seed)
     config = GPTConfig(
