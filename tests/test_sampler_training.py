@@ -245,6 +245,9 @@ def test_validation_only_run_of_a_checkpoint_repeats_its_metrics(folders):
     for name in ("val/acc", "val/ce", "val/psnr", "val/accept@0.1"):
         assert again[name] == pytest.approx(first[name], rel=1e-6), name
     assert not logged(again_dir, "train/loss")
+    with open(again_dir / "csv" / "metrics.csv") as f:
+        assert sum(1 for row in csv.DictReader(f) if row.get("val/acc")) == 1  # validated once, not again
+    assert not (again_dir / "checkpoints").exists()  # nothing trained, nothing saved
 
 
 def test_pixel_space_row_is_validated_not_trained(folders):

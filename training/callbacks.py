@@ -37,16 +37,26 @@ class FinalStep(L.Callback):
     """Ends a run on its final weights when max_steps is not a multiple of the checkpoint or validation
     interval: writes last.ckpt of the final step (ModelCheckpoint's stays at the last interval, so a resume
     would silently redo the steps after it) and records the step last validated, which `train.run` compares
-    with the final step to validate once more."""
+    with the final step to validate once more. A fit that takes no step (validation-only) is left alone."""
 
     def __init__(self):
+        self.start_step: int | None = None
         self.validated_step: int | None = None
+
+    def trained(self, trainer: L.Trainer) -> bool:
+        """Whether the last fit took at least one step."""
+        return self.start_step is not None and trainer.global_step > self.start_step
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.start_step = trainer.global_step  # after a resume: the checkpoint's step
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.sanity_checking:
             self.validated_step = trainer.global_step
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not self.trained(trainer):
+            return
         for callback in trainer.checkpoint_callbacks:
             if callback.save_last and callback.dirpath:
                 trainer.save_checkpoint(Path(callback.dirpath) / f"{callback.CHECKPOINT_NAME_LAST}.ckpt")

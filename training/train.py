@@ -68,7 +68,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
         validated = trainer.validate(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=False)[0]
     trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"), weights_only=False)
     final = next((c for c in trainer.callbacks if isinstance(c, FinalStep)), None)
-    if final and trainer.global_step > 0 and final.validated_step != trainer.global_step:
+    if final and final.trained(trainer) and final.validated_step != trainer.global_step:
         validated = trainer.validate(model, datamodule=datamodule)[0]  # the exported weights' metrics
     # fit starts its metrics afresh: a validation-only run (no steps left) keeps the validation's
     metrics = {k: float(v) for k, v in {**validated, **trainer.callback_metrics}.items()}
