@@ -58,5 +58,6 @@ class FinalStep(L.Callback):
         if not self.trained(trainer):
             return
         for callback in trainer.checkpoint_callbacks:
-            if callback.save_last and callback.dirpath:
+            # save_last="link": last.ckpt points at a step file, which writing through it would overwrite
+            if callback.save_last is True and callback.dirpath:
                 trainer.save_checkpoint(Path(callback.dirpath) / f"{callback.CHECKPOINT_NAME_LAST}.ckpt")
