@@ -155,6 +155,27 @@ def test_init_from_starts_from_a_folder_and_refuses_what_does_not_fit(tmp_path, 
         ARLightning(cfg.gpt, cfg.token_key, cfg.optim, cfg.loss, init_from=str(richer))
 
 
+def test_init_from_a_shallower_gpt_stacks_its_blocks_into_the_same_function(tmp_path):
+    old = make_module(n_layer=2).gpt
+    with torch.no_grad():  # trained-looking weights: a fresh GPT's zero-ish outputs would hide a mismatch
+        for p in old.parameters():
+            p.normal_(0.0, 0.2)
+    folder = old.save_pretrained(tmp_path / "old")
+    cfg = OmegaConf.create(module_config(n_layer=6))
+    new = ARLightning(cfg.gpt, cfg.token_key, cfg.optim, cfg.loss, init_from=str(folder)).gpt
+    assert len(new.layers) == 6
+    torch.testing.assert_close(new.layers[3].attention.wqkv.weight, old.layers[1].attention.wqkv.weight)
+    assert new.layers[4].feed_forward.w2.weight.abs().sum() == 0
+    assert new.layers[3].feed_forward.w2.weight.abs().sum() > 0
+    cond = torch.randint(0, old.config.cond_vocab_size, (3, old.config.cond_len))
+    tokens = torch.randint(0, old.config.vocab_size, (3, old.config.grid_size[0] * old.config.grid_size[1]))
+    old.eval(), new.eval()
+    torch.testing.assert_close(new(tokens, cond), old(tokens, cond))
+    cfg = OmegaConf.create(module_config(n_layer=3))
+    with pytest.raises(ValueError, match=r"init_from has 2 blocks: .* a multiple of it .*got n_layer=3"):
+        ARLightning(cfg.gpt, cfg.token_key, cfg.optim, cfg.loss, init_from=str(folder))
+
+
 def test_a_run_ends_on_its_final_step_between_intervals(tmp_path, vq_folder):
     """max_steps=3 with checkpoints and validation every 2 steps: last.ckpt holds step 3 (the exported
     weights) and the returned metrics are step 3's validation, not step 2's."""

@@ -52,6 +52,32 @@ def check_tokenizer(config: GPTConfig, tokenizer: str | Path) -> None:
         )
 
 
+def stack_layers(state: dict[str, torch.Tensor], n_source: int, n_target: int) -> dict[str, torch.Tensor]:
+    """A GPT state dict deepened from n_source to n_target blocks (a multiple of it) that computes the same
+    function: each source block is followed by n_target / n_source - 1 copies of itself whose output
+    projections (attention `wo`, feed-forward `w2`) are zero, so every copy starts as the identity of its
+    residual branch and learns from there (progressive stacking: new capacity, none of the trained function
+    lost). Copies rather than fresh blocks so that, once their projections grow, they start from features
+    that already work at that depth."""
+    if n_target < n_source or n_target % n_source:
+        raise ValueError(
+            f"init_from has {n_source} blocks: a GPT initialised from it needs the same number or a multiple "
+            f"of it (stacked), got n_layer={n_target}"
+        )
+    factor = n_target // n_source
+    stacked = {key: value for key, value in state.items() if not key.startswith("layers.")}
+    for key, value in state.items():
+        if not key.startswith("layers."):
+            continue
+        _, index, rest = key.split(".", 2)
+        for copy_index in range(factor):
+            zeroed = copy_index > 0 and rest in ("attention.wo.weight", "feed_forward.w2.weight")
+            stacked[f"layers.{int(index) * factor + copy_index}.{rest}"] = (
+                torch.zeros_like(value) if zeroed else value.clone()
+            )
+    return stacked
+
+
 class ARLightning(L.LightningModule):
     def __init__(
         self,
@@ -71,7 +97,8 @@ class ARLightning(L.LightningModule):
         vocabulary; it also decodes the sample grid). samples: count, seed and SamplerConfig fields of the
         images sampled at each validation end (needs `tokenizer`), or None. init_from: a GPT folder whose
         weights start the training (fine-tuning, or a changed architecture); parameters it lacks keep their
-        fresh init and are logged, anything else that differs is an error."""
+        fresh init and are logged, a GPT with a multiple of its blocks gets them stacked (`stack_layers`),
+        anything else that differs is an error."""
         super().__init__()
         self.save_hyperparameters()
         config = GPTConfig(**OmegaConf.to_container(gpt, resolve=True))
@@ -99,7 +126,13 @@ class ARLightning(L.LightningModule):
         self.last_step_time: float | None = None
 
     def initialise_from(self, folder: str) -> None:
-        state = GPT.from_pretrained(folder).state_dict()
+        source = GPT.from_pretrained(folder)
+        state = source.state_dict()
+        if source.config.n_layer != self.gpt.config.n_layer:
+            state = stack_layers(state, source.config.n_layer, self.gpt.config.n_layer)
+            log.info(
+                "init_from %s: %d blocks stacked into %d", folder, source.config.n_layer, len(self.gpt.layers)
+            )
         try:
             missing, unexpected = self.gpt.load_state_dict(state, strict=False)
         except RuntimeError as error:  # shape mismatches
