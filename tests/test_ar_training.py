@@ -198,3 +198,14 @@ def test_a_run_ends_on_its_final_step_between_intervals(tmp_path, vq_folder):
     # after step 2 (logged as 1 inside fit) and after step 3 (the extra validation, logged at 3)
     assert [int(row["step"]) for row in validated] == [1, 3]
     assert metrics["val/loss"] == pytest.approx(float(validated[-1]["val/loss"]), rel=1e-6)
+
+
+@pytest.mark.slow
+def test_two_process_cpu_ddp_validates_over_both_ranks_and_samples_on_rank_zero(tmp_path, vq_folder):
+    """Validation sums are gathered from both ranks; rank 0 alone decodes the sample grid (the other rank
+    must not stall on it) and exports."""
+    overrides = [*tiny_run_overrides(vq_folder), "trainer=ddp_cpu", f"export={tmp_path / 'gpt'}"]
+    metrics = run(compose_train_config(tmp_path, overrides))
+    assert math.isclose(metrics["val/perplexity"], math.exp(metrics["val/loss"]), rel_tol=1e-5)
+    assert (tmp_path / "run" / "csv" / "samples" / "step000003.png").is_file()
+    assert GPT.from_pretrained(tmp_path / "gpt").output.weight.abs().sum() > 0

@@ -233,11 +233,13 @@ class ARLightning(L.LightningModule):
                 "val/perplexity": math.exp(nll / tokens),
             }
         )
-        if self.sample_batch is not None and self.trainer.is_global_zero and self.logger is not None:
-            self.log_samples(*self.sample_batch)
+        if self.sample_batch is not None and self.logger is not None:
+            folder = Path(self.trainer.log_dir) / "samples"  # log_dir broadcasts: every rank must ask
+            if self.trainer.is_global_zero:
+                self.log_samples(*self.sample_batch, folder)
 
     @torch.no_grad()
-    def log_samples(self, captions: list[str], grids: torch.Tensor) -> None:
+    def log_samples(self, captions: list[str], grids: torch.Tensor, folder: Path) -> None:
         """Decoded ground-truth tokens (top row) over AR samples for the same captions (bottom row)."""
         settings = OmegaConf.to_container(self.samples_cfg, resolve=True)
         count, seed = settings.pop("count"), settings.pop("seed")
@@ -247,8 +249,8 @@ class ARLightning(L.LightningModule):
         sampled = decode_ar(self.eval_gpt, words, SamplerConfig(**settings), generator, tokenizer=vq).image
         images = torch.cat([vq.decode(grids), sampled]).float().add(1).div(2).clamp(0, 1)
         grid = torchvision.utils.make_grid(images, nrow=count, padding=2, pad_value=1.0)
-        path = Path(self.trainer.log_dir) / "samples" / f"step{self.global_step:06d}.png"
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path = folder / f"step{self.global_step:06d}.png"
+        folder.mkdir(parents=True, exist_ok=True)
         torchvision.utils.save_image(grid, path)
         if isinstance(self.logger, WandbLogger):
             self.logger.log_image(
