@@ -356,3 +356,20 @@ def test_two_process_cpu_ddp_ranks_see_different_data(folders, tmp_path):
     assert len(keys[0]) == len(keys[1]) == 3
     assert keys[0] != keys[1]
     assert Upsampler.from_pretrained(tmp_path / "export").r == 2
+
+
+@pytest.mark.slow
+def test_two_process_cpu_ddp_trains_the_gan(folders, tmp_path):
+    """Generator and discriminator take turns under DDP (manual optimisation): both must get gradients
+    synchronised, and the run must not stall or fail on parameters one of the turns leaves unused."""
+    run_dir = tmp_path / "ddp_gan"
+    overrides = [
+        *tiny(folders, target=folders["target"]),
+        "loss=mse_lpips_gan",
+        "loss.gan.start=1",
+        "trainer=ddp_cpu",
+        f"export={tmp_path}/export",
+    ]
+    metrics = run(compose_train(folders, run_dir, overrides))
+    assert 0.0 <= metrics["val/accept@0.1"] <= 1.0
+    assert Upsampler.from_pretrained(tmp_path / "export").r == 2

@@ -257,6 +257,12 @@ class SamplerLightning(L.LightningModule):
         """The weights that are validated and exported: the EMA copy when there is one."""
         return self.sampler if self.ema_sampler is None else self.ema_sampler
 
+    @property
+    def leaves_parameters_unused(self) -> bool:
+        """Under DDP: the discriminator is outside the loss until the GAN starts, the generator outside the
+        discriminator's turn (see training.train.strategy_for)."""
+        return self.adversarial is not None
+
     def configure_optimizers(self):
         g_opt = adamw(self.sampler.parameters(), self.optim_cfg)
         schedule = warmup_cosine_schedule(g_opt, self.optim_cfg)

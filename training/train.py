@@ -46,6 +46,19 @@ def prepare_data(data_cfg: DictConfig) -> DictConfig:
     return OmegaConf.create(data)
 
 
+DDP_STRATEGIES = ("ddp", "ddp_spawn", "ddp_fork", "ddp_notebook")
+
+
+def strategy_for(trainer: DictConfig, model: L.LightningModule) -> dict:
+    """The trainer's DDP strategy with unused-parameter detection when the model leaves some trainable
+    parameters out of a step's loss (`leaves_parameters_unused`: a GAN's discriminator idles until its start
+    step, and its own turn leaves the generator out); DDP would otherwise stop at the first such step."""
+    strategy = trainer.get("strategy")
+    if strategy in DDP_STRATEGIES and getattr(model, "leaves_parameters_unused", False):
+        return {"strategy": f"{strategy}_find_unused_parameters_true"}
+    return {}
+
+
 def run(cfg: DictConfig) -> dict[str, float]:
     """Train (or resume) the configured model; export it when `cfg.export` is set. Returns final metrics."""
     L.seed_everything(cfg.seed, workers=True)
@@ -55,6 +68,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
         cfg.trainer,
         logger=instantiate_group(cfg.get("logger")) or False,
         callbacks=instantiate_group(cfg.get("callbacks")),
+        **strategy_for(cfg.trainer, model),
     )
     hyperparameters = {k: v for k, v in OmegaConf.to_container(cfg, resolve=False).items() if k != "hydra"}
     hyperparameters = OmegaConf.to_container(OmegaConf.create(hyperparameters), resolve=True)
