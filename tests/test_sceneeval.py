@@ -246,8 +246,8 @@ def test_export_round_trip_gives_identical_features(tmp_path):
         VQModel.from_pretrained(tmp_path / "sceneeval")
 
 
-def test_dev_training_run_logs_validation_and_exports(tmp_path):
-    overrides = [
+def dev_run_overrides(tmp_path) -> list[str]:
+    return [
         "experiment=testbed/sceneeval",
         f"paths.data_dir={tmp_path}/shards",
         f"paths.output_dir={tmp_path}/run",
@@ -271,8 +271,11 @@ def test_dev_training_run_logs_validation_and_exports(tmp_path):
         "+trainer.enable_model_summary=false",
         "callbacks.checkpoint.every_n_train_steps=3",
     ]
+
+
+def test_dev_training_run_logs_validation_and_exports(tmp_path):
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        cfg = compose("train", overrides=overrides)
+        cfg = compose("train", overrides=dev_run_overrides(tmp_path))
     metrics = run(cfg)
     assert 0.0 <= metrics["val/score"] <= 1.0
     assert 0.0 <= metrics["val/score_vq"] <= 1.0  # the real images' tokenizer round trips, scored too
@@ -281,6 +284,15 @@ def test_dev_training_run_logs_validation_and_exports(tmp_path):
     assert metrics["train/density_loss"] > 0 and metrics["train/centroid_loss"] > 0
     model = SceneEval.from_pretrained(tmp_path / "export")
     assert model.config.channels == [8, 16] and model.config.image_size == 32
+
+
+@pytest.mark.slow
+def test_two_process_cpu_ddp_sums_validation_over_ranks(tmp_path):
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("train", overrides=[*dev_run_overrides(tmp_path), "trainer=ddp_cpu"])
+    metrics = run(cfg)
+    assert 0.0 <= metrics["val/score"] <= 1.0 and 0.0 <= metrics["val/score_vq"] <= 1.0
+    assert SceneEval.from_pretrained(tmp_path / "export").config.channels == [8, 16]
 
 
 def test_round_trip_training_needs_a_tokenizer_and_uses_it(tmp_path):
