@@ -12,8 +12,10 @@ Protocol:
 - quality (`quality=True`): `nll` = the target's mean negative log-likelihood of the produced tokens (one
   teacher-forced forward with the prompt's caption, conditional, no guidance: how far a method drifts from the
   target's own distribution; plain AR is the reference); with SceneEval loaded, `sceneeval` = the fraction of
-  the prompt's checks the image passes (mean over prompts in the summary) and `fd` = Frechet distance of the
-  run's images to the real held-out images of the same prompts, in SceneEval feature space.
+  the prompt's checks the image passes (mean over prompts in the summary), `sceneeval_<kind>` the same for
+  one kind of check (object, count, colour, relation: GenEval's per-task scores, mean over the prompts that
+  state that kind) and `fd` = Frechet distance of the run's images to the real held-out images of the same
+  prompts, in SceneEval feature space.
 
 Writes into out_dir: runs.csv (one row per run, prompt, seed), summary.csv and summary.md (one row per run),
 speed_quality.png (speedup against quality, one curve per family over its knob sweep) and
@@ -38,14 +40,21 @@ from tqdm import tqdm
 from mulo_sd.decode import caption_condition, decode, resolve_knobs
 from mulo_sd.prompts import Prompt
 from mulo_sd.sampling import SamplerConfig
-from mulo_sd.sceneeval import frechet_distance, scene_features, score
+from mulo_sd.sceneeval import (
+    CHECK_KINDS,
+    check_results,
+    frechet_distance,
+    kind_scores,
+    prompt_scores,
+    scene_features,
+)
 from mulo_sd.testbed import Models
 
 REFERENCE_METHOD = "ar"
 SUMMARY_COLUMNS = (
     "label", "images", "wall_s_median", "speedup_median", "speedup_of_medians", "sequential_steps_median",
     "step_ratio_median", "target_forwards_mean", "nfe_ratio_median", "acceptance", "nll_mean", "sceneeval",
-    "sceneeval_sem", "fd",
+    "sceneeval_sem", *(f"sceneeval_{kind}" for kind in CHECK_KINDS), "fd",
 )  # fmt: skip
 MATCHED_COLUMNS = (
     "method",
@@ -172,7 +181,9 @@ def evaluate(
                 if quality:
                     row["nll"] = float(token_nll(target, result.tokens, cond)[0])
                 if scorer is not None:
-                    row["sceneeval"] = float(score(scorer, result.image, [prompt.caption])[0])
+                    results = check_results(*scorer.predict(result.image), [prompt.caption])
+                    row["sceneeval"] = float(prompt_scores(results)[0])
+                    row |= {f"sceneeval_{kind}": value for kind, value in kind_scores(results)[0].items()}
                     features[run.label].append(scene_features(scorer, result.image))
                 if i < grid_prompts and seed == seeds[0]:
                     grid[run.label, i] = result.image[0].cpu()
@@ -263,6 +274,11 @@ def summarize(rows: list[dict], reference: str) -> list[dict]:
             entry["sceneeval"] = _mean(scores)
             spread = statistics.stdev(scores) if len(scores) > 1 else None
             entry["sceneeval_sem"] = None if spread is None else spread / len(scores) ** 0.5
+            for kind in CHECK_KINDS:  # GenEval's per-task scores: the prompts that state such a check
+                stated = [
+                    row[f"sceneeval_{kind}"] for row in runs if row.get(f"sceneeval_{kind}") is not None
+                ]
+                entry[f"sceneeval_{kind}"] = _mean(stated) if stated else None
         summary.append(entry)
     return summary
 

@@ -333,6 +333,15 @@ def prompt_scores(results: list[list[tuple[Check, bool]]]) -> torch.Tensor:
     return torch.tensor([sum(passed for _, passed in checks) / len(checks) for checks in results])
 
 
+def kind_scores(results: list[list[tuple[Check, bool]]]) -> list[dict[str, float]]:
+    """Per prompt of `check_results`: for each kind of check it states, the fraction of those passed."""
+    scores = []
+    for checks in results:
+        kinds = {kind: [passed for check, passed in checks if check.kind == kind] for kind in CHECK_KINDS}
+        scores.append({kind: sum(passed) / len(passed) for kind, passed in kinds.items() if passed})
+    return scores
+
+
 def score(model, images: torch.Tensor, captions: list[str]) -> torch.Tensor:
     """Per-image GenEval-style score [B]: the fraction of its caption's checks the image passes. `model` is
     anything with `predict(images) -> (counts [B,P], centroids [B,P,2])`, normally a SceneEval in eval mode

@@ -1,5 +1,6 @@
 import csv
 import json
+from collections import Counter
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ from mulo_sd.evaluate import (
 )
 from mulo_sd.prompts import EVAL_SEED, evaluation_prompts
 from mulo_sd.sampling import SamplerConfig
+from mulo_sd.sceneeval import parse_caption
 from mulo_sd.synthscenes import render_scene
 from mulo_sd.testbed import load_models
 from tests.test_decode_cli import compose, save_tiny_testbed
@@ -69,9 +71,15 @@ def test_eval_cli_smoke_writes_every_file(testbed, tmp_path):
         "step_ratio_median",
         "nll_mean",
         "sceneeval",
+        "sceneeval_object",
+        "sceneeval_colour",
         "fd",
     ):
         assert all(row[column] != "" for row in summary), column
+    for row in runs:  # the per-kind scores, weighted by their numbers of checks, make up the prompt score
+        stated = Counter(check.kind for check in parse_caption(row["prompt"]))
+        passed = sum(float(row[f"sceneeval_{kind}"]) * n for kind, n in stated.items())
+        assert float(row["sceneeval"]) == pytest.approx(passed / sum(stated.values()))
     assert float(summary[1]["step_ratio_median"]) == pytest.approx(64 / (8 + 7 * 4))  # ZipAR W=4
     assert json.loads(summary[3]["knobs"]) == {"r": 2, "tau": 0.1, "k": 4}
     grid = Image.open(out / "grid_seed0.png")

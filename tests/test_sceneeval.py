@@ -13,9 +13,11 @@ from mulo_sd.sceneeval import (
     SceneEval,
     SceneEvalConfig,
     batch_targets,
+    check_results,
     density_targets,
     frechet_distance,
     frechet_distance_from_moments,
+    kind_scores,
     parse_caption,
     relation_holds,
     scene_features,
@@ -151,6 +153,18 @@ def test_oracle_scores_one_on_real_scenes_and_less_on_wrong_captions():
     assert result.item() == pytest.approx((total - 1) / total)
     with pytest.raises(ValueError, match="2 images but 1 captions"):
         score(Oracle(records[:2]), images[:2], captions[:1])
+
+
+def test_kind_scores_split_a_prompt_score_by_check_kind():
+    counts = torch.zeros(1, len(PAIRS), dtype=torch.long)
+    counts[0, PAIR_INDEX[("red", "circle")]] = 2  # two red circles where one is asked for: count fails
+    counts[0, PAIR_INDEX[("blue", "star")]] = 1  # a blue star where a blue square is asked for
+    centroids = torch.zeros(1, len(PAIRS), 2)
+    caption = "a red circle left of a blue square on a noisy background"
+    results = check_results(counts, centroids, [caption])
+    assert kind_scores(results) == [{"object": 0.5, "count": 0.0, "colour": 1.0, "relation": 0.0}]
+    results = check_results(counts, centroids, ["a red circle on a noisy background"])
+    assert kind_scores(results) == [{"object": 1.0, "count": 0.0, "colour": 1.0}]  # no relation stated
 
 
 def test_colour_check_counts_any_shape_of_that_colour():
