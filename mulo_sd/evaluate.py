@@ -17,7 +17,8 @@ Protocol:
   state that kind) and `fd` = Frechet distance of the run's images to the real held-out images of the same
   prompts, in SceneEval feature space.
 
-Writes into out_dir: runs.csv (one row per run, prompt, seed), summary.csv and summary.md (one row per run),
+Writes into out_dir: runs.csv (one row per run, prompt, seed), summary.csv and summary.md (one row per run;
+with SceneEval also references.csv, the same quality columns for the real images and their round trips),
 speed_quality.png (speedup against quality, one curve per family over its knob sweep) and
 grid_seed<seed>.png (rows: real image, then one per run; columns: the first prompts).
 `matched_quality_table` applies the paper's matched-quality protocol to a summary.
@@ -55,6 +56,9 @@ SUMMARY_COLUMNS = (
     "label", "images", "wall_s_median", "speedup_median", "speedup_of_medians", "sequential_steps_median",
     "step_ratio_median", "target_forwards_mean", "nfe_ratio_median", "acceptance", "nll_mean", "sceneeval",
     "sceneeval_sem", *(f"sceneeval_{kind}" for kind in CHECK_KINDS), "fd",
+)  # fmt: skip
+REFERENCE_COLUMNS = (
+    "label", "images", "sceneeval", "sceneeval_sem", *(f"sceneeval_{kind}" for kind in CHECK_KINDS), "fd",
 )  # fmt: skip
 MATCHED_COLUMNS = (
     "method",
@@ -135,6 +139,7 @@ class Evaluation:
     rows: list[dict]  # one per (run, prompt, seed): what runs.csv holds
     summary: list[dict]  # one per run: what summary.csv holds
     files: dict[str, Path]
+    references: list[dict] = field(default_factory=list)  # real images and round trips: references.csv
 
 
 def evaluate(
@@ -181,9 +186,7 @@ def evaluate(
                 if quality:
                     row["nll"] = float(token_nll(target, result.tokens, cond)[0])
                 if scorer is not None:
-                    results = check_results(*scorer.predict(result.image), [prompt.caption])
-                    row["sceneeval"] = float(prompt_scores(results)[0])
-                    row |= {f"sceneeval_{kind}": value for kind, value in kind_scores(results)[0].items()}
+                    row |= sceneeval_rows(scorer, result.image, [prompt.caption])[0]
                     features[run.label].append(scene_features(scorer, result.image))
                 if i < grid_prompts and seed == seeds[0]:
                     grid[run.label, i] = result.image[0].cpu()
@@ -194,10 +197,12 @@ def evaluate(
     rows.sort(key=lambda row: order[row["label"]])  # stable: prompts and seeds stay in decoding order
     add_ratios(rows, reference.label)
     summary = summarize(rows, reference.label)
+    references = []
     if scorer is not None:
         real = scene_features(scorer, torch.stack([p.image for p in prompts]))
         for entry in summary:
             entry["fd"] = frechet_distance(real, torch.cat(features[entry["label"]]))
+        references = reference_quality(scorer, models.require("vq"), prompts)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     files = {
@@ -207,12 +212,20 @@ def evaluate(
     }
     write_csv(files["runs"], rows)
     write_csv(files["summary"], summary)
+    reference_md = ""
+    if references:
+        files["references"] = out_dir / "references.csv"
+        write_csv(files["references"], references)
+        reference_md = (
+            "\n## References\n\nThe held-out images of the same prompts and their tokenizer round trips "
+            f"(FD to the real images):\n\n{markdown_table(references, REFERENCE_COLUMNS)}\n"
+        )
     header = (
         f"{len(prompts)} prompts x {len(seeds)} seed(s), batch 1, device {device}, warm-up {warmup}; "
         f"sampler {sampler}; speedups against '{reference.label}'."
     )
     files["summary_md"].write_text(
-        f"# Evaluation\n\n{header}\n\n{markdown_table(summary, SUMMARY_COLUMNS)}\n"
+        f"# Evaluation\n\n{header}\n\n{markdown_table(summary, SUMMARY_COLUMNS)}\n{reference_md}"
     )
     files["speed_quality"] = plot_speed_quality(summary, out_dir / "speed_quality.png")
     columns = prompts[:grid_prompts]
@@ -222,7 +235,7 @@ def evaluate(
         labels = ["real (held-out)"] + [run.label for run in runs]
         captions = [f"#{p.index}: {p.caption}" for p in columns]
         files["grid"] = plot_grid(images, labels, captions, out_dir / f"grid_seed{seeds[0]}.png")
-    return Evaluation(rows, summary, files)
+    return Evaluation(rows, summary, files, references)
 
 
 def add_ratios(rows: list[dict], reference: str) -> None:
@@ -270,17 +283,49 @@ def summarize(rows: list[dict], reference: str) -> list[dict]:
         if "nll" in first:
             entry["nll_mean"] = _mean([row["nll"] for row in runs])
         if "sceneeval" in first:
-            scores = [row["sceneeval"] for row in runs]
-            entry["sceneeval"] = _mean(scores)
-            spread = statistics.stdev(scores) if len(scores) > 1 else None
-            entry["sceneeval_sem"] = None if spread is None else spread / len(scores) ** 0.5
-            for kind in CHECK_KINDS:  # GenEval's per-task scores: the prompts that state such a check
-                stated = [
-                    row[f"sceneeval_{kind}"] for row in runs if row.get(f"sceneeval_{kind}") is not None
-                ]
-                entry[f"sceneeval_{kind}"] = _mean(stated) if stated else None
+            entry |= sceneeval_summary(runs)
         summary.append(entry)
     return summary
+
+
+def sceneeval_rows(scorer, images: torch.Tensor, captions: list[str]) -> list[dict]:
+    """Per image: `sceneeval` (its prompt score) and `sceneeval_<kind>` for each kind its caption states."""
+    results = check_results(*scorer.predict(images), captions)
+    return [
+        {"sceneeval": float(total)} | {f"sceneeval_{kind}": value for kind, value in kinds.items()}
+        for total, kinds in zip(prompt_scores(results), kind_scores(results), strict=True)
+    ]
+
+
+def sceneeval_summary(rows: list[dict]) -> dict:
+    """Mean SceneEval score and its standard error over rows of `sceneeval_rows`, and the per-kind means
+    (GenEval's per-task scores) over the rows whose caption states that kind."""
+    scores = [row["sceneeval"] for row in rows]
+    spread = statistics.stdev(scores) if len(scores) > 1 else None
+    entry = {
+        "sceneeval": _mean(scores),
+        "sceneeval_sem": None if spread is None else spread / len(scores) ** 0.5,
+    }
+    for kind in CHECK_KINDS:
+        stated = [row[f"sceneeval_{kind}"] for row in rows if row.get(f"sceneeval_{kind}") is not None]
+        entry[f"sceneeval_{kind}"] = _mean(stated) if stated else None
+    return entry
+
+
+@torch.no_grad()
+def reference_quality(scorer, tokenizer, prompts: list[Prompt]) -> list[dict]:
+    """SceneEval of the prompts' real held-out images and of their tokenizer round trips (encode, decode):
+    what a perfect target would score, and the most any method can score through this tokenizer."""
+    real = torch.stack([p.image for p in prompts]).to(next(tokenizer.parameters()).device)
+    round_trip = tokenizer.decode(tokenizer.encode(real)).clamp(-1, 1)
+    captions = [p.caption for p in prompts]
+    real_features = scene_features(scorer, real)
+    entries = []
+    for label, images in (("real images", real), ("tokenizer round trip", round_trip)):
+        quality = sceneeval_summary(sceneeval_rows(scorer, images, captions))
+        fd = frechet_distance(real_features, scene_features(scorer, images))
+        entries.append({"label": label, "images": len(prompts), **quality, "fd": fd})
+    return entries
 
 
 def matched_quality_table(

@@ -18,7 +18,7 @@ from mulo_sd.evaluate import (
 )
 from mulo_sd.prompts import EVAL_SEED, evaluation_prompts
 from mulo_sd.sampling import SamplerConfig
-from mulo_sd.sceneeval import parse_caption
+from mulo_sd.sceneeval import parse_caption, score
 from mulo_sd.synthscenes import render_scene
 from mulo_sd.testbed import load_models
 from tests.test_decode_cli import compose, save_tiny_testbed
@@ -86,6 +86,15 @@ def test_eval_cli_smoke_writes_every_file(testbed, tmp_path):
     assert grid.size[1] > grid.size[0]  # 6 rows (real + 5 runs) of 2 prompts
     assert len(result.matched) == 5 and result.matched[0]["method"] == "AR"
     assert "| method | setting | speedup |" in (out / "matched.md").read_text()
+    references = read_csv(out / "references.csv")
+    assert [row["label"] for row in references] == ["real images", "tokenizer round trip"]
+    models = load_models(testbed, names=["vq", "sceneeval"])
+    prompts = evaluation_prompts(2, image_size=16)
+    real = torch.stack([p.image for p in prompts])
+    expected = score(models.sceneeval, real, [p.caption for p in prompts]).mean()
+    assert float(references[0]["sceneeval"]) == pytest.approx(float(expected))
+    assert float(references[0]["fd"]) == pytest.approx(0.0, abs=1e-3)  # the real images against themselves
+    assert "## References" in (out / "summary.md").read_text()
 
 
 def test_evaluate_speed_only(testbed, tmp_path, capsys):
