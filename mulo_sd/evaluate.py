@@ -202,7 +202,7 @@ def evaluate(
         real = scene_features(scorer, torch.stack([p.image for p in prompts]))
         for entry in summary:
             entry["fd"] = frechet_distance(real, torch.cat(features[entry["label"]]))
-        references = reference_quality(scorer, models.require("vq"), prompts)
+        references = reference_quality(scorer, models.require("vq"), prompts, real)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     files = {
@@ -313,17 +313,21 @@ def sceneeval_summary(rows: list[dict]) -> dict:
 
 
 @torch.no_grad()
-def reference_quality(scorer, tokenizer, prompts: list[Prompt]) -> list[dict]:
+def reference_quality(scorer, tokenizer, prompts: list[Prompt], real_features: torch.Tensor) -> list[dict]:
     """SceneEval of the prompts' real held-out images and of their tokenizer round trips (encode, decode):
-    what a perfect target would score, and the most any method can score through this tokenizer."""
+    what a perfect target would score, and the most any method can score through this tokenizer.
+    real_features: `scene_features` of the real images, which the runs' FD already needed."""
     real = torch.stack([p.image for p in prompts]).to(next(tokenizer.parameters()).device)
     round_trip = tokenizer.decode(tokenizer.encode(real)).clamp(-1, 1)
     captions = [p.caption for p in prompts]
-    real_features = scene_features(scorer, real)
     entries = []
-    for label, images in (("real images", real), ("tokenizer round trip", round_trip)):
+    references = (
+        ("real images", real, real_features),
+        ("tokenizer round trip", round_trip, scene_features(scorer, round_trip)),
+    )
+    for label, images, features in references:
         quality = sceneeval_summary(sceneeval_rows(scorer, images, captions))
-        fd = frechet_distance(real_features, scene_features(scorer, images))
+        fd = frechet_distance(real_features, features)
         entries.append({"label": label, "images": len(prompts), **quality, "fd": fd})
     return entries
 
