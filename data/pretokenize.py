@@ -26,7 +26,7 @@ import torch
 import webdataset as wds
 from tqdm import tqdm
 
-from data.shards import _TAR_HEADER, SIZES_NAME, update_sizes
+from mulo_sd.data.shards import _TAR_HEADER, SIZES_NAME, update_sizes
 from mulo_sd.io import CONFIG_NAME, WEIGHTS_NAME
 from mulo_sd.vq import VQModel
 
@@ -113,7 +113,7 @@ class ShardTokenizer:
     def __init__(self, vq: VQModel, sizes: list[int], batch_size: int, device: str | torch.device):
         # the datamodule's own decoder, so images are cropped and downscaled exactly as training does it
         # (imported here: it pulls in Lightning, which the other mulo-data commands do without)
-        from training.datamodule import SampleDecoder
+        from mulo_sd.training.datamodule import SampleDecoder
 
         self.vq = vq
         self.batch_size = batch_size
@@ -179,7 +179,7 @@ def pretokenize(
     device: str | torch.device = "cpu",
 ) -> tuple[str, int, int]:
     """Tokenize every shard of `shards_spec` into `out`; returns (output spec, samples written, skipped)."""
-    from training.datamodule import expand_shards  # the spec syntax training reads ('::' joins specs)
+    from mulo_sd.training.datamodule import expand_shards  # the spec syntax training reads ('::' joins specs)
 
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")

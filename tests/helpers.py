@@ -12,14 +12,14 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 
 from mulo_sd.vq import VQConfig, VQModel
-from training.train import CONFIG_DIR
+from mulo_sd.training.config import CONFIG_DIR
 
 
 def compose_train_config(tmp_path: Path, overrides: list[str]) -> DictConfig:
     """The `train` config with `overrides`, all outputs (data, logs, run dir) under `tmp_path`.
 
     Sets the Hydra runtime config as `mulo-train` would, so `${hydra:runtime.output_dir}` (paths.output_dir)
-    resolves to the run dir; `training.train.run(cfg)` can then be called directly.
+    resolves to the run dir; `mulo_sd.training.train.run(cfg)` can then be called directly.
     """
     run_dir = tmp_path / "run"
     defaults = [f"paths.data_dir={tmp_path / 'data'}", f"paths.log_dir={tmp_path / 'logs'}"]

@@ -10,8 +10,8 @@ from mulo_sd.captions import MAX_CAPTION_WORDS, VOCAB, encode_caption
 from mulo_sd.gpt import GPT
 from tests.helpers import compose_train_config
 from tests.test_pretokenize import tiny_vq
-from training.ar_module import ARLightning
-from training.train import run
+from mulo_sd.training.ar_module import ARLightning
+from mulo_sd.training.train import run
 
 TINY_GPT = [
     "model.gpt.vocab_size=64",

@@ -6,8 +6,8 @@ import pytest
 import webdataset as wds
 from PIL import Image
 
-from data.cli import main
-from data.shards import write_shards
+from mulo_sd.data.cli import main
+from mulo_sd.data.shards import write_shards
 from mulo_sd.synthscenes import render_scene
 
 

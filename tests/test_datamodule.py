@@ -11,7 +11,7 @@ import torch.nn.functional as F
 import webdataset as wds
 from PIL import Image
 
-from training.datamodule import ShardDataModule, skipped_total
+from mulo_sd.training.datamodule import ShardDataModule, skipped_total
 
 IMAGE_SIZE = 16
 

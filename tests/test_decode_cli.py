@@ -17,7 +17,8 @@ from mulo_sd.sceneeval import SceneEval, SceneEvalConfig
 from mulo_sd.testbed import MODEL_CLASSES, load_models
 from mulo_sd.upsampler import Upsampler, UpsamplerConfig
 from mulo_sd.vq import VQConfig, VQModel
-from training.decode import CONFIG_DIR, run
+from mulo_sd.training.config import CONFIG_DIR
+from mulo_sd.training.decode import run
 
 V = 32
 PROMPT = "two red circles left of a blue star on a striped background"

@@ -22,7 +22,7 @@ from mulo_sd.sceneeval import parse_caption, score
 from mulo_sd.synthscenes import render_scene
 from mulo_sd.testbed import load_models
 from tests.test_decode_cli import compose, save_tiny_testbed
-from training.evaluate import run
+from mulo_sd.training.evaluate import run
 
 
 @pytest.fixture(scope="module")

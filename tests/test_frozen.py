@@ -1,4 +1,4 @@
-"""training.frozen: helper models stay frozen, in eval mode and out of checkpoints, also across pickling
+"""mulo_sd.training.frozen: helper models stay frozen, in eval mode and out of checkpoints, also across pickling
 (DDP spawn) and deep copies (EMA)."""
 
 import copy
@@ -7,7 +7,7 @@ import pickle
 import torch
 import torch.nn as nn
 
-from training.frozen import frozen
+from mulo_sd.training.frozen import frozen
 
 
 def parent_with_frozen_child() -> nn.Module:

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torchvision.models import alexnet
 
-from training.losses import (
+from mulo_sd.training.losses import (
     LPIPS,
     AdversarialLoss,
     PatchDiscriminator,

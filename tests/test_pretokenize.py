@@ -7,12 +7,12 @@ import pytest
 import webdataset as wds
 from PIL import Image
 
-from data.cli import main, synthscenes_sample
-from data.pretokenize import MANIFEST_NAME, ensure_pretokenized, output_spec
-from data.shards import write_shards
+from mulo_sd.data.cli import main, synthscenes_sample
+from mulo_sd.data.pretokenize import MANIFEST_NAME, ensure_pretokenized, output_spec
+from mulo_sd.data.shards import write_shards
 from mulo_sd.vq import VQModel
 from tests.helpers import tiny_vq
-from training.datamodule import center_crop, to_tensor
+from mulo_sd.training.datamodule import center_crop, to_tensor
 
 SIZES = [32, 16, 8]  # the tiny ds8 VQ gives tok4, tok2, tok1
 
@@ -91,7 +91,7 @@ def test_ensure_pretokenized_reuses_and_refuses_other_tokens(tmp_path, vq_folder
     def must_not_run(*args, **kwargs):
         raise AssertionError("tokens were made again")
 
-    monkeypatch.setattr("data.pretokenize.pretokenize", must_not_run)
+    monkeypatch.setattr("mulo_sd.data.pretokenize.pretokenize", must_not_run)
     assert ensure_pretokenized(spec, vq_folder, SIZES, out) == made
     with pytest.raises(ValueError, match="holds tokens made with"):
         ensure_pretokenized(spec, vq_folder, [32, 16], out)

@@ -1,4 +1,4 @@
-"""Up/down-sampler training end to end through `training.train.run`, on a tiny random VQ (downsample factor 2,
+"""Up/down-sampler training end to end through `mulo_sd.training.train.run`, on a tiny random VQ (downsample factor 2,
 32 codes) and a tiny random target GPT over its 16x16 grids of 32 px SynthScenes images."""
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ from mulo_sd.gpt import GPT, GPTConfig
 from mulo_sd.sampling import SamplerConfig
 from mulo_sd.upsampler import Upsampler
 from tests.helpers import tiny_vq
-from training.sampler_module import SamplerLightning, accepted_draft_tokens
-from training.train import CONFIG_DIR, run
+from mulo_sd.training.sampler_module import SamplerLightning, accepted_draft_tokens
+from mulo_sd.training.config import CONFIG_DIR
+from mulo_sd.training.train import run
 
 CODES = 32
 

@@ -25,8 +25,8 @@ from mulo_sd.gpt import GPT, GPTConfig
 from mulo_sd.methods import decode_ar
 from mulo_sd.sampling import SamplerConfig
 from mulo_sd.vq import VQModel
-from training.losses import token_accuracy, token_cross_entropy
-from training.optim import adamw, warmup_cosine_schedule
+from mulo_sd.training.losses import token_accuracy, token_cross_entropy
+from mulo_sd.training.optim import adamw, warmup_cosine_schedule
 
 log = logging.getLogger(__name__)
 

@@ -17,11 +17,9 @@ from omegaconf import DictConfig, OmegaConf
 from mulo_sd.decode import decode, required_models, tensor_to_pil
 from mulo_sd.sampling import SamplerConfig
 from mulo_sd.testbed import TESTBED_DIR, load_models
+from mulo_sd.training.config import CONFIG_DIR
 
 log = logging.getLogger(__name__)
-# The repository's conf/, as in training/train.py (not imported from there: that would load Lightning, which
-# decoding and evaluation do not need).
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "conf"
 
 
 def set_knobs(cfg_knobs: DictConfig | None) -> dict:

@@ -28,7 +28,7 @@ from mulo_sd.evaluate import (
 from mulo_sd.prompts import evaluation_prompts
 from mulo_sd.sampling import SamplerConfig
 from mulo_sd.testbed import TESTBED_DIR, available, image_size, load_models, train_command
-from training.decode import CONFIG_DIR
+from mulo_sd.training.config import CONFIG_DIR
 
 log = logging.getLogger(__name__)
 

@@ -58,11 +58,11 @@ from mulo_sd.upsampler import (
     straight_through_codes,
 )
 from mulo_sd.vq import VQModel
-from training.ar_module import check_word_condition
-from training.frozen import frozen
-from training.losses import LPIPS, AdversarialLoss, PatchDiscriminator, pixel_loss, token_cross_entropy
-from training.optim import adamw, warmup_cosine_schedule
-from training.vq_module import psnr
+from mulo_sd.training.ar_module import check_word_condition
+from mulo_sd.training.frozen import frozen
+from mulo_sd.training.losses import LPIPS, AdversarialLoss, PatchDiscriminator, pixel_loss, token_cross_entropy
+from mulo_sd.training.optim import adamw, warmup_cosine_schedule
+from mulo_sd.training.vq_module import psnr
 
 log = logging.getLogger(__name__)
 
@@ -260,7 +260,7 @@ class SamplerLightning(L.LightningModule):
     @property
     def leaves_parameters_unused(self) -> bool:
         """Under DDP: the discriminator is outside the loss until the GAN starts, the generator outside the
-        discriminator's turn (see training.train.strategy_for)."""
+        discriminator's turn (see mulo_sd.training.train.strategy_for)."""
         return self.adversarial is not None
 
     def configure_optimizers(self):

@@ -27,8 +27,8 @@ from mulo_sd.sceneeval import (
     density_targets,
 )
 from mulo_sd.vq import VQModel
-from training.frozen import frozen
-from training.optim import adamw, warmup_cosine_schedule
+from mulo_sd.training.frozen import frozen
+from mulo_sd.training.optim import adamw, warmup_cosine_schedule
 
 
 class SceneEvalLightning(L.LightningModule):

@@ -10,11 +10,10 @@ import lightning as L
 from lightning.pytorch.loggers import WandbLogger
 from omegaconf import DictConfig, OmegaConf
 
-from training.callbacks import FinalStep
+from mulo_sd.training.callbacks import FinalStep
+from mulo_sd.training.config import CONFIG_DIR
 
 log = logging.getLogger(__name__)
-# The repository's conf/ (an absolute path: a relative one would be read as a Python package name).
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "conf"
 
 
 def instantiate_group(group: DictConfig | None) -> list:
@@ -33,12 +32,12 @@ def prepare_data(data_cfg: DictConfig) -> DictConfig:
     generate = data.pop("generate", None)
     pretokenize = data.pop("pretokenize", None)
     if generate:
-        from data.cli import ensure_synthscenes
+        from mulo_sd.data.cli import ensure_synthscenes
 
         for split in ("train", "val"):
             data[f"{split}_shards"] = ensure_synthscenes(size=generate["size"], **generate[split])
     if pretokenize:
-        from data.pretokenize import ensure_pretokenized
+        from mulo_sd.data.pretokenize import ensure_pretokenized
 
         outs = {split: pretokenize.pop(split)["out"] for split in ("train", "val")}
         for split, out in outs.items():

@@ -11,8 +11,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from mulo_sd.vq import VQConfig, VQModel
-from training.losses import LPIPS, AdversarialLoss, PatchDiscriminator, pixel_loss
-from training.optim import adamw, warmup_cosine_schedule
+from mulo_sd.training.losses import LPIPS, AdversarialLoss, PatchDiscriminator, pixel_loss
+from mulo_sd.training.optim import adamw, warmup_cosine_schedule
 
 
 def psnr(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """Losses shared by tokenizer and up/down-sampler training."""
 
-from training.losses.gan import (
+from mulo_sd.training.losses.gan import (
     AdversarialLoss,
     PatchDiscriminator,
     adaptive_weight,
@@ -9,9 +9,9 @@ from training.losses.gan import (
     non_saturating_d_loss,
     non_saturating_g_loss,
 )
-from training.losses.lpips import LPIPS, backbone_weights_path
-from training.losses.pixel import pixel_loss
-from training.losses.token import token_accuracy, token_cross_entropy
+from mulo_sd.training.losses.lpips import LPIPS, backbone_weights_path
+from mulo_sd.training.losses.pixel import pixel_loss
+from mulo_sd.training.losses.token import token_accuracy, token_cross_entropy
 
 __all__ = [
     "LPIPS",

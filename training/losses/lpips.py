@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 from torchvision.models import AlexNet_Weights, SqueezeNet1_1_Weights, VGG16_Weights
 
-from training.frozen import frozen
+from mulo_sd.training.frozen import frozen
 
 # torchvision's ImageNet weights for each LPIPS backbone; the cache file name is the URL's last part
 BACKBONE_WEIGHTS = {
