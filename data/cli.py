@@ -30,10 +30,10 @@ import os
 import sys
 from collections.abc import Iterator
 
-from tqdm import tqdm
-
 from mulo_sd.data.pretokenize import add_pretokenize_arguments, run_pretokenize
 from mulo_sd.data.shards import check_shard, expand_spec, shard_spec, update_sizes, write_shards
+from tqdm import tqdm
+
 from mulo_sd.synthscenes import MIN_SIZE, render_scene
 
 SYNTHSCENES_PREFIX = "synthscenes"

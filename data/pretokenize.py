@@ -24,9 +24,9 @@ from pathlib import Path
 import numpy as np
 import torch
 import webdataset as wds
+from mulo_sd.data.shards import _TAR_HEADER, SIZES_NAME, update_sizes
 from tqdm import tqdm
 
-from mulo_sd.data.shards import _TAR_HEADER, SIZES_NAME, update_sizes
 from mulo_sd.io import CONFIG_NAME, WEIGHTS_NAME
 from mulo_sd.vq import VQModel
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import hydra
 import torch
 from hydra.core.hydra_config import HydraConfig
+from mulo_sd.training.config import CONFIG_DIR
 from omegaconf import DictConfig, open_dict
 
 from mulo_sd.vq import VQConfig, VQModel
-from mulo_sd.training.config import CONFIG_DIR
 
 
 def compose_train_config(tmp_path: Path, overrides: list[str]) -> DictConfig:

@@ -4,14 +4,14 @@ import math
 import hydra
 import pytest
 import torch
+from mulo_sd.training.ar_module import ARLightning
+from mulo_sd.training.train import run
 from omegaconf import OmegaConf
 
 from mulo_sd.captions import MAX_CAPTION_WORDS, VOCAB, encode_caption
 from mulo_sd.gpt import GPT
 from tests.helpers import compose_train_config
 from tests.test_pretokenize import tiny_vq
-from mulo_sd.training.ar_module import ARLightning
-from mulo_sd.training.train import run
 
 TINY_GPT = [
     "model.gpt.vocab_size=64",

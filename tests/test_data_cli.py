@@ -4,10 +4,10 @@ import os
 
 import pytest
 import webdataset as wds
-from PIL import Image
-
 from mulo_sd.data.cli import main
 from mulo_sd.data.shards import write_shards
+from PIL import Image
+
 from mulo_sd.synthscenes import render_scene
 
 

@@ -9,9 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 import webdataset as wds
-from PIL import Image
-
 from mulo_sd.training.datamodule import ShardDataModule, skipped_total
+from PIL import Image
 
 IMAGE_SIZE = 16
 

@@ -5,6 +5,8 @@ import hydra
 import pytest
 import torch
 from hydra.core.hydra_config import HydraConfig
+from mulo_sd.training.config import CONFIG_DIR
+from mulo_sd.training.decode import run
 from omegaconf import DictConfig, open_dict
 from PIL import Image
 
@@ -17,8 +19,6 @@ from mulo_sd.sceneeval import SceneEval, SceneEvalConfig
 from mulo_sd.testbed import MODEL_CLASSES, load_models
 from mulo_sd.upsampler import Upsampler, UpsamplerConfig
 from mulo_sd.vq import VQConfig, VQModel
-from mulo_sd.training.config import CONFIG_DIR
-from mulo_sd.training.decode import run
 
 V = 32
 PROMPT = "two red circles left of a blue star on a striped background"

@@ -4,6 +4,7 @@ from collections import Counter
 
 import pytest
 import torch
+from mulo_sd.training.evaluate import run
 from omegaconf import OmegaConf
 from PIL import Image
 
@@ -22,7 +23,6 @@ from mulo_sd.sceneeval import parse_caption, score
 from mulo_sd.synthscenes import render_scene
 from mulo_sd.testbed import load_models
 from tests.test_decode_cli import compose, save_tiny_testbed
-from mulo_sd.training.evaluate import run
 
 
 @pytest.fixture(scope="module")

@@ -1,12 +1,11 @@
-"""mulo_sd.training.frozen: helper models stay frozen, in eval mode and out of checkpoints, also across pickling
-(DDP spawn) and deep copies (EMA)."""
+"""mulo_sd.training.frozen: helper models stay frozen, in eval mode and out of checkpoints, also across
+pickling (DDP spawn) and deep copies (EMA)."""
 
 import copy
 import pickle
 
 import torch
 import torch.nn as nn
-
 from mulo_sd.training.frozen import frozen
 
 

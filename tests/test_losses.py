@@ -9,8 +9,6 @@ import lpips as lpips_package
 import pytest
 import torch
 import torch.nn.functional as F
-from torchvision.models import alexnet
-
 from mulo_sd.training.losses import (
     LPIPS,
     AdversarialLoss,
@@ -25,6 +23,7 @@ from mulo_sd.training.losses import (
     token_accuracy,
     token_cross_entropy,
 )
+from torchvision.models import alexnet
 
 
 def full(value, shape=(2, 1, 3, 3)):

@@ -5,14 +5,14 @@ import os
 import numpy as np
 import pytest
 import webdataset as wds
-from PIL import Image
-
 from mulo_sd.data.cli import main, synthscenes_sample
 from mulo_sd.data.pretokenize import MANIFEST_NAME, ensure_pretokenized, output_spec
 from mulo_sd.data.shards import write_shards
+from mulo_sd.training.datamodule import center_crop, to_tensor
+from PIL import Image
+
 from mulo_sd.vq import VQModel
 from tests.helpers import tiny_vq
-from mulo_sd.training.datamodule import center_crop, to_tensor
 
 SIZES = [32, 16, 8]  # the tiny ds8 VQ gives tok4, tok2, tok1
 

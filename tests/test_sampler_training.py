@@ -1,5 +1,5 @@
-"""Up/down-sampler training end to end through `mulo_sd.training.train.run`, on a tiny random VQ (downsample factor 2,
-32 codes) and a tiny random target GPT over its 16x16 grids of 32 px SynthScenes images."""
+"""Up/down-sampler training end to end through `mulo_sd.training.train.run`, on a tiny random VQ (downsample
+factor 2, 32 codes) and a tiny random target GPT over its 16x16 grids of 32 px SynthScenes images."""
 
 from __future__ import annotations
 
@@ -15,6 +15,9 @@ import yaml
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
+from mulo_sd.training.config import CONFIG_DIR
+from mulo_sd.training.sampler_module import SamplerLightning, accepted_draft_tokens
+from mulo_sd.training.train import run
 
 from mulo_sd.captions import MAX_CAPTION_WORDS, VOCAB, encode_caption
 from mulo_sd.downsampler import Downsampler
@@ -22,9 +25,6 @@ from mulo_sd.gpt import GPT, GPTConfig
 from mulo_sd.sampling import SamplerConfig
 from mulo_sd.upsampler import Upsampler
 from tests.helpers import tiny_vq
-from mulo_sd.training.sampler_module import SamplerLightning, accepted_draft_tokens
-from mulo_sd.training.config import CONFIG_DIR
-from mulo_sd.training.train import run
 
 CODES = 32
 

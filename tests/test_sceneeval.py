@@ -3,6 +3,9 @@ import pytest
 import scipy.linalg
 import torch
 from hydra import compose, initialize_config_dir
+from mulo_sd.training.config import CONFIG_DIR
+from mulo_sd.training.sceneeval_module import SceneEvalLightning
+from mulo_sd.training.train import run
 from omegaconf import OmegaConf
 
 from mulo_sd.sceneeval import (
@@ -26,9 +29,6 @@ from mulo_sd.sceneeval import (
 from mulo_sd.synthscenes import COLOURS, SHAPES, render_scene, sample_scene, write_caption
 from mulo_sd.vq import VQModel
 from tests.helpers import tiny_vq
-from mulo_sd.training.sceneeval_module import SceneEvalLightning
-from mulo_sd.training.config import CONFIG_DIR
-from mulo_sd.training.train import run
 
 TINY_NET = {"image_size": 32, "patch": 4, "channels": [8, 16]}
 

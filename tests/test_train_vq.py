@@ -1,4 +1,5 @@
-"""Tokenizer training end to end through `mulo_sd.training.train.run`: fast dev run + export, exact resume, DDP."""
+"""Tokenizer training end to end through `mulo_sd.training.train.run`: fast dev run + export, exact resume,
+DDP."""
 
 from __future__ import annotations
 
@@ -6,10 +7,10 @@ import csv
 
 import pytest
 import torch
+from mulo_sd.training.train import run
 
 from mulo_sd.vq import VQModel
 from tests.helpers import compose_train_config
-from mulo_sd.training.train import run
 
 TINY_VQ = [
     "experiment=testbed/vq",

@@ -18,6 +18,8 @@ import lightning as L
 import torch
 import torchvision
 from lightning.pytorch.loggers import WandbLogger
+from mulo_sd.training.losses import token_accuracy, token_cross_entropy
+from mulo_sd.training.optim import adamw, warmup_cosine_schedule
 from omegaconf import DictConfig, OmegaConf
 
 from mulo_sd.captions import MAX_CAPTION_WORDS, VOCAB, encode_caption
@@ -25,8 +27,6 @@ from mulo_sd.gpt import GPT, GPTConfig
 from mulo_sd.methods import decode_ar
 from mulo_sd.sampling import SamplerConfig
 from mulo_sd.vq import VQModel
-from mulo_sd.training.losses import token_accuracy, token_cross_entropy
-from mulo_sd.training.optim import adamw, warmup_cosine_schedule
 
 log = logging.getLogger(__name__)
 

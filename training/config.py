@@ -13,9 +13,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import mulo_sd.conf
 from omegaconf import OmegaConf
 
-import mulo_sd.conf
 from mulo_sd.testbed import TESTBED_DIR
 
 CONFIG_DIR = Path(mulo_sd.conf.__file__).resolve().parent

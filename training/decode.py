@@ -12,12 +12,12 @@ from pathlib import Path
 
 import hydra
 import torch
+from mulo_sd.training.config import CONFIG_DIR
 from omegaconf import DictConfig, OmegaConf
 
 from mulo_sd.decode import decode, required_models, tensor_to_pil
 from mulo_sd.sampling import SamplerConfig
 from mulo_sd.testbed import TESTBED_DIR, load_models
-from mulo_sd.training.config import CONFIG_DIR
 
 log = logging.getLogger(__name__)
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import hydra
 import torch
+from mulo_sd.training.config import CONFIG_DIR
 from omegaconf import DictConfig, OmegaConf
 
 from mulo_sd.decode import required_models
@@ -28,7 +29,6 @@ from mulo_sd.evaluate import (
 from mulo_sd.prompts import evaluation_prompts
 from mulo_sd.sampling import SamplerConfig
 from mulo_sd.testbed import TESTBED_DIR, available, image_size, load_models, train_command
-from mulo_sd.training.config import CONFIG_DIR
 
 log = logging.getLogger(__name__)
 

@@ -40,6 +40,17 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torchvision
 from lightning.pytorch.loggers import WandbLogger
+from mulo_sd.training.ar_module import check_word_condition
+from mulo_sd.training.frozen import frozen
+from mulo_sd.training.losses import (
+    LPIPS,
+    AdversarialLoss,
+    PatchDiscriminator,
+    pixel_loss,
+    token_cross_entropy,
+)
+from mulo_sd.training.optim import adamw, warmup_cosine_schedule
+from mulo_sd.training.vq_module import psnr
 from omegaconf import DictConfig, OmegaConf
 
 from mulo_sd.accept import pooled_probability
@@ -58,11 +69,6 @@ from mulo_sd.upsampler import (
     straight_through_codes,
 )
 from mulo_sd.vq import VQModel
-from mulo_sd.training.ar_module import check_word_condition
-from mulo_sd.training.frozen import frozen
-from mulo_sd.training.losses import LPIPS, AdversarialLoss, PatchDiscriminator, pixel_loss, token_cross_entropy
-from mulo_sd.training.optim import adamw, warmup_cosine_schedule
-from mulo_sd.training.vq_module import psnr
 
 log = logging.getLogger(__name__)
 

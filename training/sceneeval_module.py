@@ -16,6 +16,8 @@ from pathlib import Path
 
 import lightning as L
 import torch
+from mulo_sd.training.frozen import frozen
+from mulo_sd.training.optim import adamw, warmup_cosine_schedule
 from omegaconf import DictConfig, OmegaConf
 
 from mulo_sd.sceneeval import (
@@ -27,8 +29,6 @@ from mulo_sd.sceneeval import (
     density_targets,
 )
 from mulo_sd.vq import VQModel
-from mulo_sd.training.frozen import frozen
-from mulo_sd.training.optim import adamw, warmup_cosine_schedule
 
 
 class SceneEvalLightning(L.LightningModule):

@@ -8,10 +8,9 @@ from pathlib import Path
 import hydra
 import lightning as L
 from lightning.pytorch.loggers import WandbLogger
-from omegaconf import DictConfig, OmegaConf
-
 from mulo_sd.training.callbacks import FinalStep
 from mulo_sd.training.config import CONFIG_DIR
+from omegaconf import DictConfig, OmegaConf
 
 log = logging.getLogger(__name__)
 

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import lightning as L
 import torch
+from mulo_sd.training.losses import LPIPS, AdversarialLoss, PatchDiscriminator, pixel_loss
+from mulo_sd.training.optim import adamw, warmup_cosine_schedule
 from omegaconf import DictConfig, OmegaConf
 
 from mulo_sd.vq import VQConfig, VQModel
-from mulo_sd.training.losses import LPIPS, AdversarialLoss, PatchDiscriminator, pixel_loss
-from mulo_sd.training.optim import adamw, warmup_cosine_schedule
 
 
 def psnr(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

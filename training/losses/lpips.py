@@ -14,9 +14,8 @@ from pathlib import Path
 import lpips
 import torch
 import torch.nn as nn
-from torchvision.models import AlexNet_Weights, SqueezeNet1_1_Weights, VGG16_Weights
-
 from mulo_sd.training.frozen import frozen
+from torchvision.models import AlexNet_Weights, SqueezeNet1_1_Weights, VGG16_Weights
 
 # torchvision's ImageNet weights for each LPIPS backbone; the cache file name is the URL's last part
 BACKBONE_WEIGHTS = {
