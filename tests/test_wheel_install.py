@@ -34,7 +34,11 @@ def installed(tmp_path_factory):
     """(bin folder, environment) of a fresh venv holding only the built wheel and its dependencies."""
     root = tmp_path_factory.mktemp("wheel")
     dist = root / "dist"
-    _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dist), str(REPO)], root, os.environ)
+    _run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dist), str(REPO)],
+        root,
+        os.environ,
+    )
     (wheel,) = dist.glob("mulo_sd-*.whl")
     with zipfile.ZipFile(wheel) as archive:
         top_level = next(n for n in archive.namelist() if n.endswith(".dist-info/top_level.txt"))
@@ -56,8 +60,8 @@ def test_console_scripts_run_from_any_folder(installed):
     bin_dir, env, root = installed
     work = root / "elsewhere"
     work.mkdir()
-    where = _run([str(bin_dir / "python"), "-c", "import mulo_sd.training, mulo_sd.conf; print(mulo_sd.__file__)"],
-                 work, env)  # fmt: skip
+    probe = "import mulo_sd.training, mulo_sd.conf; print(mulo_sd.__file__)"
+    where = _run([str(bin_dir / "python"), "-c", probe], work, env)
     assert str(root / "venv") in where and str(REPO) not in where
     for method in ("ar", "mulo"):
         _run([str(bin_dir / "mulo-decode"), f"method={method}", "prompt=a red circle on a striped background",
