@@ -1,18 +1,19 @@
 """Accept rules of the speculative methods, applied to the target's processed distribution
 (`sampling.process_logits`, the distribution plain AR sampling would draw from).
 
-MuLo-SD (algorithm.md section 2.4), deterministic: accept draft token v at position i iff
+MuLo-SD (docs/algorithm.md section 5), deterministic: accept draft token v at position i iff
 `sum_{u in B_k(v)} p_i(u) >= tau`, where B_k(v) is v plus its k nearest codebook entries (neighbours.py).
 k = 0 tests v's own probability; with greedy sampling p_i is one-hot, so tau = 1 accepts exactly the argmax.
 
-LANTERN (section 6), randomised: with v's neighbours n_1..n_k nearest first and c_j = p(n_1) + .. + p(n_j),
-j* = max{j <= k : c_j <= delta} (j* = 0, c_0 = 0, when even c_1 > delta), the relaxed probability is
-p~(v) = p(v) + c_{j*}; v is accepted with probability min(1, p~(v) / q(v)). After a rejection the token is
-drawn from norm(max(0, p - q')), where q' is the drafter's q with q'(n_1) = .. = q'(n_k) = 0 whenever the
-relaxation added mass (c_{j*} > 0), and q' = q otherwise. This is what LANTERN's code does (it zeroes q on v's
-nearest neighbours once any was pooled, v itself keeps q(v)), except that it zeroes k + 1 neighbours and also
-zeroes them when the pooled neighbours carry no mass; here zero pooled mass changes nothing, so delta = 0 is
-exactly standard speculative sampling: accept with min(1, p(v)/q(v)), resample from norm(max(0, p - q)).
+LANTERN (docs/algorithm.md section 13), randomised: with v's neighbours n_1..n_k nearest first and c_j =
+p(n_1) + .. + p(n_j), j* = max{j <= k : c_j <= delta} (j* = 0, c_0 = 0, when even c_1 > delta), the relaxed
+probability is p~(v) = p(v) + c_{j*}; v is accepted with probability min(1, p~(v) / q(v)). After a rejection
+the token is drawn from norm(max(0, p - q')), where q' is the drafter's q with q'(n_1) = .. = q'(n_k) = 0
+whenever the relaxation added mass (c_{j*} > 0), and q' = q otherwise. This is what LANTERN's code does (it
+zeroes q on v's nearest neighbours once any was pooled, v itself keeps q(v)), except that it zeroes k + 1
+neighbours and also zeroes them when the pooled neighbours carry no mass; here zero pooled mass changes
+nothing, so delta = 0 is exactly standard speculative sampling: accept with min(1, p(v)/q(v)), resample from
+norm(max(0, p - q)).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The speed/quality harness (evaluation.md): every run (a method with its knobs) decodes every prompt with
-the same fixed seeds, side by side in one process, batch 1.
+"""The speed/quality harness (docs/evaluation.md): every run (a method with its knobs) decodes every prompt
+with the same fixed seeds, side by side in one process, batch 1.
 
 Protocol:
 - warm-up: each run decodes the first prompt `warmup` times first (allocations, kernels; results dropped);

@@ -1,4 +1,4 @@
-"""Rejection islands (algorithm.md section 2.5-2.6): which positions MuLo-SD resamples, and in which groups.
+"""Rejection islands (docs/algorithm.md sections 6-7): which positions MuLo-SD resamples, and in which groups.
 
 Positions are raster indices into an h x w grid (p = row * w + col).
 - `expand_rejections`: R_X = union over rejected t of N(t, l) = {u : |row_u - row_t| <= l,

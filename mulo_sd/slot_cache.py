@@ -1,4 +1,4 @@
-"""The explicit decode state of an AR model: a slot KV cache (algorithm.md section 3).
+"""The explicit decode state of an AR model: a slot KV cache (docs/algorithm.md section 2).
 
 One K/V slot per absolute sequence position: `cond_len` condition slots, then the h*w grid in raster order.
 A step writes the K/V of each fed token at its slot (any order, overwrites allowed) and marks it written;

@@ -1,5 +1,5 @@
-"""LANTERN (Jang et al., 2024): relaxed speculative decoding with a same-resolution drafter (algorithm.md
-section 6), in raster order.
+"""LANTERN (Jang et al., 2024): relaxed speculative decoding with a same-resolution drafter
+(docs/algorithm.md section 13), in raster order.
 
 One cycle: the drafter samples `draft_len` tokens serially from its processed distributions q; ONE target
 `step` feeds the last committed token and the drafts at their slots and yields the processed target

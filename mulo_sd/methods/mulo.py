@@ -1,4 +1,4 @@
-"""MuLo-SD: multi-scale local speculative decoding (algorithm.md section 2).
+"""MuLo-SD: multi-scale local speculative decoding (docs/algorithm.md sections 4-9).
 
 One cycle, until the high-res grid (target, H x W) is full:
 1. draft: the drafter (grid h x w = H/r x W/r, its own slot cache, same condition) samples the next

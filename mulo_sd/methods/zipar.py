@@ -1,6 +1,6 @@
 """ZipAR parallel decoding (He et al., 2024): rows of the grid decode concurrently, staggered by a window.
 
-Schedule (algorithm.md section 5), grid h x w, window W (clamped to w):
+Schedule (docs/algorithm.md section 12), grid h x w, window W (clamped to w):
 - every row decodes left to right; row j+1 starts in the call after row j holds W tokens (this holds for
   row 0 too, so row 1 starts while row 0 is still running);
 - each target call feeds, at its own raster slot, the newest token of every active row and samples the next
