@@ -1,22 +1,24 @@
 """One entry point over the four decoding methods on the testbed models: caption text in, DecodeResult out.
 
-    result = decode("mulo", models, ["a red star on a noisy background"], {"r": 2, "tau": 0.1, "k": 4},
-                    SamplerConfig(cfg_scale=2.0), seed=0)
+    result = decode("mulo", models, ["a red star on a noisy background"], {}, SamplerConfig(cfg_scale=2.0),
+                    seed=0)  # the recommended knobs; {"r": 4, "tau": 0.05} changes those two
 
 Knobs are the method function's own keyword arguments (`method_knobs(method)` lists them with their
-defaults; REQUIRED ones have none), plus, for `mulo`, the ones that pick its models:
+defaults: `RECOMMENDED` over the function's own), plus, for `mulo`, the ones that pick its models:
 - r: 2 or 4, the scale between target and drafter (drafter_r2 / drafter_r4);
 - upsampler: 'latent' (the learned upsampler_r{r}) or 'pixel' (VQ-decode, resize, VQ-encode);
 - downsampler: 'latent' or 'pixel'; None: the same kind as the up-sampler;
-- pixel_mode: the interpolation of the pixel samplers (pixel_samplers.MODES).
-`lantern` drafts with drafter_small (the testbed's smaller same-resolution model). Every call draws its
-randomness from its own torch.Generator seeded with `seed`, so a (method, knobs, prompts, seed) decode
-repeats exactly.
+- pixel_mode: the interpolation of the pixel up-sampler (pixel_samplers.MODES).
+A knob that the chosen mode ignores (`IGNORED`, e.g. `l` with rejection='raster') is an error when it is
+given, so no setting is dropped silently. `lantern` drafts with drafter_small (the testbed's smaller
+same-resolution model). Every call draws its randomness from its own torch.Generator seeded with `seed`, so
+a (method, knobs, prompts, seed) decode repeats exactly.
 """
 
 from __future__ import annotations
 
 import inspect
+import typing
 import weakref
 
 import torch
@@ -24,6 +26,7 @@ from PIL import Image
 
 from mulo_sd.captions import encode_caption
 from mulo_sd.methods import DecodeResult, decode_ar, decode_lantern, decode_mulo, decode_zipar
+from mulo_sd.methods.mulo import REJECTIONS
 from mulo_sd.neighbours import codebook_neighbours
 from mulo_sd.pixel_samplers import PixelDownsampler, PixelUpsampler
 from mulo_sd.sampling import SamplerConfig
@@ -40,6 +43,32 @@ _NOT_KNOBS = {
     "cond_mask", "tokenizer",
 }  # fmt: skip
 _MULO_MODEL_KNOBS = {"r": REQUIRED, "upsampler": "latent", "downsampler": None, "pixel_mode": "bicubic"}
+# The defaults of `decode` and `mulo-decode`: the settings the README recommends for the testbed ("MuLo-SD
+# against AR, ZipAR and LANTERN on the testbed", conf/eval/paper_table.yaml), over the method functions' own
+# defaults. mulo: MuLo-SD 2x at tau=0.01, l=0, ZipAR window 1 for drafting and islands (4.6x faster than AR
+# at SceneEval 0.321 against 0.329); lantern: delta=0.4, 4 drafts, k=64 pooled codes (LANTERN's 1000 of
+# LlamaGen's 16384, as a share of the testbed's 1024); zipar: window 4, its matched-quality setting.
+RECOMMENDED = {
+    "zipar": {"window": 4},
+    "lantern": {"k": 64, "delta": 0.4, "draft_len": 4},
+    "mulo": {"r": 2, "tau": 0.01, "k": 4, "l": 0, "draft_window": 1, "island_zipar_window": 1},
+}
+# method -> knob -> (the knob that selects the mode, its values under which the knob is ignored, what the
+# knob is): giving such a knob in such a mode is an error (methods/mulo.py).
+_NO_ISLANDS = "which rejection='raster' does not form"
+IGNORED = {
+    "mulo": {
+        "l": ("rejection", ("naive", "raster"), "the local expansion radius of rejection='local'"),
+        "island_zipar_window": ("rejection", ("raster",), f"the ZipAR window inside islands, {_NO_ISLANDS}"),
+        "refresh_after_resample": (
+            "rejection",
+            ("raster",),
+            f"a refresh after island resampling, {_NO_ISLANDS}",
+        ),
+        "parallel": ("rejection", ("raster",), f"how islands are batched, {_NO_ISLANDS}"),
+        "pixel_mode": ("upsampler", ("latent",), "the interpolation of upsampler='pixel'"),
+    }
+}
 
 
 def check_method(method: str) -> None:
@@ -52,16 +81,27 @@ def method_knobs(method: str) -> dict[str, object]:
     check_method(method)
     parameters = inspect.signature(FUNCTIONS[method]).parameters
     knobs = {name: p.default for name, p in parameters.items() if name not in _NOT_KNOBS}
-    return {**_MULO_MODEL_KNOBS, **knobs} if method == "mulo" else knobs
+    if method == "mulo":
+        knobs = {**_MULO_MODEL_KNOBS, **knobs}
+    return {**knobs, **RECOMMENDED.get(method, {})}
 
 
 def resolve_knobs(method: str, knobs: dict) -> dict[str, object]:
-    """Every knob of `method` with its value: `knobs` over the defaults. Raises on unknown or missing knobs
-    and on bad model choices (the method function checks the ranges of the rest)."""
+    """Every knob of `method` with its value: `knobs` (the ones the caller gives) over the defaults. Raises
+    on unknown or missing knobs, on given knobs that the chosen mode ignores (`IGNORED`) and on bad model
+    or mode choices (the method function checks the ranges of the rest)."""
     accepted = method_knobs(method)
     unknown = sorted(set(knobs) - set(accepted))
     if unknown:
         raise ValueError(f"unknown knob(s) {unknown} for method '{method}'; it takes {sorted(accepted)}")
+    hints = typing.get_type_hints(FUNCTIONS[method])
+    nullable = {name for name in accepted if _admits_none(hints.get(name))}
+    if method == "mulo":
+        nullable.add("downsampler")
+    null = sorted(name for name, value in knobs.items() if value is None and name not in nullable)
+    if null:
+        can = f" (only {sorted(nullable)} can)" if nullable else ""
+        raise ValueError(f"knob(s) {null} of method '{method}' cannot be null{can}")
     resolved = {**accepted, **knobs}
     missing = sorted(name for name, value in resolved.items() if value is REQUIRED)
     if missing:
@@ -75,7 +115,19 @@ def resolve_knobs(method: str, knobs: dict) -> dict[str, object]:
         for name in ("upsampler", "downsampler"):
             if resolved[name] not in SAMPLER_KINDS:
                 raise ValueError(f"knob {name} must be one of {SAMPLER_KINDS}, got '{resolved[name]}'")
+        if resolved["rejection"] not in REJECTIONS:
+            raise ValueError(f"knob rejection must be one of {REJECTIONS}, got '{resolved['rejection']}'")
+    for name, (mode, ignoring, purpose) in IGNORED.get(method, {}).items():
+        if name in knobs and resolved[mode] in ignoring:
+            raise ValueError(
+                f"knob {name} does not apply with {mode}='{resolved[mode]}': it is {purpose}; leave it unset "
+                f"or choose another {mode}"
+            )
     return resolved
+
+
+def _admits_none(hint) -> bool:
+    return type(None) in typing.get_args(hint)
 
 
 def required_models(method: str, knobs: dict) -> list[str]:

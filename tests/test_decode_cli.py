@@ -1,17 +1,27 @@
 import os
+import re
 from pathlib import Path
 
 import hydra
 import pytest
 import torch
+import yaml
 from hydra.core.hydra_config import HydraConfig
+from mulo_sd.training import decode as decode_cli
 from mulo_sd.training.config import CONFIG_DIR
 from mulo_sd.training.decode import run
 from omegaconf import DictConfig, open_dict
 from PIL import Image
 
 from mulo_sd.captions import MAX_CAPTION_WORDS, VOCAB
-from mulo_sd.decode import decode, method_knobs, required_models, resolve_knobs
+from mulo_sd.decode import (
+    RECOMMENDED,
+    caption_condition,
+    decode,
+    method_knobs,
+    required_models,
+    resolve_knobs,
+)
 from mulo_sd.downsampler import Downsampler, DownsamplerConfig
 from mulo_sd.gpt import GPT, GPTConfig
 from mulo_sd.sampling import SamplerConfig
@@ -124,7 +134,7 @@ def test_lantern_with_delta_zero_and_greedy_equals_ar(testbed):
     assert torch.equal(ar.tokens, lantern.tokens)
 
 
-def test_knobs_are_validated_with_clear_errors():
+def test_knobs_are_validated_with_clear_errors(monkeypatch):
     assert method_knobs("ar") == {}
     assert resolve_knobs("mulo", {"r": 2, "tau": 0.5, "k": 0})["downsampler"] == "latent"
     assert required_models("mulo", {"r": 4, "tau": 0.5, "k": 0, "upsampler": "pixel"}) == [
@@ -136,6 +146,7 @@ def test_knobs_are_validated_with_clear_errors():
         ValueError, match=r"unknown knob\(s\) \['tau'\] for method 'zipar'; it takes \['window'\]"
     ):
         resolve_knobs("zipar", {"window": 2, "tau": 0.5})
+    monkeypatch.setitem(RECOMMENDED, "lantern", {})  # the function's own signature: no defaults for these
     with pytest.raises(ValueError, match=r"method 'lantern' needs knob\(s\) \['delta', 'draft_len', 'k'\]"):
         resolve_knobs("lantern", {})
     with pytest.raises(ValueError, match=r"knob r must be one of \(2, 4\)"):
@@ -144,18 +155,167 @@ def test_knobs_are_validated_with_clear_errors():
         ValueError, match=r"knob upsampler must be one of \('latent', 'pixel'\), got 'bicubic'"
     ):
         resolve_knobs("mulo", {"r": 2, "tau": 0.5, "k": 0, "upsampler": "bicubic"})
+    with pytest.raises(ValueError, match=r"knob rejection must be one of \('local', 'naive', 'raster'\)"):
+        resolve_knobs("mulo", {"rejection": "greedy"})
+
+
+def test_recommended_knobs_are_the_defaults():
+    assert resolve_knobs("mulo", {}) == {
+        "r": 2, "upsampler": "latent", "downsampler": "latent", "pixel_mode": "bicubic", "tau": 0.01, "k": 4,
+        "l": 0, "rejection": "local", "rows_per_cycle": None, "draft_window": 1, "island_zipar_window": 1,
+        "refresh_after_resample": False, "parallel": True,
+    }  # fmt: skip
+    assert resolve_knobs("lantern", {}) == {"k": 64, "delta": 0.4, "draft_len": 4}
+    assert resolve_knobs("zipar", {}) == {"window": 4}
+    assert resolve_knobs("mulo", {"tau": 0.2, "r": 4}) == {**resolve_knobs("mulo", {}), "tau": 0.2, "r": 4}
+    assert required_models("mulo", {}) == ["vq", "target", "drafter_r2", "upsampler_r2", "downsampler_r2"]
+
+
+# a knob line of conf/decode/default.yaml: "  k: default  # lantern (64), mulo (4): ..."
+KNOB_LINE = re.compile(r"  (\w+): default  # ((?:\w+ \([^)]*\)(?:, )?)+):")
+
+
+def test_decode_config_documents_the_defaults():
+    """conf/decode/default.yaml states each knob's default as `# method (value)`: it must be the real one."""
+    documented = {}
+    for line in (CONFIG_DIR / "decode" / "default.yaml").read_text().splitlines():
+        knob = KNOB_LINE.match(line)
+        for method, text in re.findall(r"(\w+) \(([^)]*)\)", knob.group(2)) if knob else []:
+            documented[method, knob.group(1)] = yaml.safe_load(text.split(":")[0])
+    expected = {(m, k): v for m in ("zipar", "lantern", "mulo") for k, v in method_knobs(m).items()}
+    assert documented == expected
+
+
+# (knobs, the error): a knob the chosen mode ignores, set explicitly
+IGNORED_KNOBS = [
+    ({"rejection": "raster", "l": 1}, r"knob l does not apply with rejection='raster'"),
+    ({"rejection": "naive", "l": 0}, r"knob l does not apply with rejection='naive'"),
+    ({"rejection": "raster", "island_zipar_window": 2}, r"knob island_zipar_window does not apply with rej"),
+    ({"rejection": "raster", "refresh_after_resample": True}, r"knob refresh_after_resample does not apply"),
+    ({"rejection": "raster", "parallel": False}, r"knob parallel does not apply with rejection='raster'"),
+    ({"pixel_mode": "bilinear"}, r"knob pixel_mode does not apply with upsampler='latent'"),
+    ({"upsampler": "latent", "downsampler": "pixel", "pixel_mode": "lanczos"}, r"knob pixel_mode does not"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("knobs", "error"), IGNORED_KNOBS)
+def test_a_knob_the_mode_ignores_is_an_error_when_set(knobs, error):
+    with pytest.raises(ValueError, match=error):
+        resolve_knobs("mulo", knobs)
+
+
+def test_knobs_that_apply_or_keep_their_defaults_are_accepted():
+    raster = resolve_knobs("mulo", {"rejection": "raster"})  # l, island_zipar_window: defaults, not set
+    assert raster["l"] == 0 and raster["island_zipar_window"] == 1
+    assert resolve_knobs("mulo", {"rejection": "naive", "island_zipar_window": 2, "parallel": False})
+    assert resolve_knobs("mulo", {"rejection": "local", "l": 2, "refresh_after_resample": True})["l"] == 2
+    assert resolve_knobs("mulo", {"upsampler": "pixel", "pixel_mode": "lanczos"})["downsampler"] == "pixel"
 
 
 def test_decode_cli_bad_method_and_knob(testbed, tmp_path):
     with pytest.raises(ValueError, match=r"unknown decoding method 'greedy'"):
         run(compose("decode", tmp_path, ["method=greedy", f"models={testbed}"]))
-    with pytest.raises(ValueError, match=r"method 'mulo' needs knob\(s\) \['k', 'r', 'tau'\]"):
-        run(compose("decode", tmp_path, ["method=mulo", f"models={testbed}"]))
     with pytest.raises(ValueError, match=r"unknown knob\(s\) \['delta'\] for method 'ar'"):
         run(compose("decode", tmp_path, ["method=ar", "knobs.delta=0.4", f"models={testbed}"]))
+    with pytest.raises(ValueError, match=r"knob l does not apply with rejection='raster'"):
+        run(compose("decode", tmp_path, ["method=mulo", "knobs.rejection=raster", "knobs.l=1",
+                                         f"models={testbed}"]))  # fmt: skip
     with pytest.raises(ValueError, match=r"tau must lie in \[0, 1\]"):  # range checks: the method's own
         run(compose("decode", tmp_path, ["method=mulo", "knobs.r=2", "knobs.tau=2", "knobs.k=0",
                                          f"models={testbed}"]))  # fmt: skip
+
+
+class Stop(Exception):
+    """Raised by a stand-in for `decode` once the call it was given has been recorded."""
+
+
+def stop(*args, **kwargs):
+    raise Stop
+
+
+def test_decode_cli_knobs_keep_their_defaults_until_set_and_null_is_none(testbed, tmp_path, monkeypatch):
+    seen = []
+    monkeypatch.setattr(decode_cli, "required_models", lambda method, knobs: seen.append(knobs) or [])
+    monkeypatch.setattr(decode_cli, "decode", stop)
+    for overrides in (["knobs.tau=0.2"], ["knobs.draft_window=null", "knobs.island_zipar_window=null"]):
+        with pytest.raises(Stop):
+            run(compose("decode", tmp_path, ["method=mulo", f"models={testbed}", *overrides]))
+    assert seen == [{"tau": 0.2}, {"draft_window": None, "island_zipar_window": None}]
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match=r"knob\(s\) \['tau'\] of method 'mulo' cannot be null \(only \["):
+        run(compose("decode", tmp_path, ["method=mulo", "knobs.tau=null", f"models={testbed}"]))
+
+
+@pytest.mark.parametrize("method", ["mulo", "lantern"])
+def test_decode_cli_runs_the_committed_testbed_without_knobs(method, tmp_path):
+    out = tmp_path / "sample.png"
+    prompt = "prompt=a red circle on a striped background"
+    stats = run(compose("decode", tmp_path, [f"method={method}", prompt, f"out={out}", "threads=1"]))
+    assert Image.open(out).size == (128, 128)
+    assert stats["tokens_accepted"] + stats["tokens_resampled"] == 256  # every position exactly once
+    assert stats["drafter_forwards"] > 1 and stats["tokens_accepted"] > 0
+    if method == "mulo":  # r=2 drafting with ZipAR window 1 over the 8x8 grid: 1 + (8 + 2 * 7) calls at most
+        assert stats["upsampler_calls"] == stats["cycles"] == 1 and stats["drafter_forwards"] <= 23
+
+
+@pytest.fixture
+def no_decoding(monkeypatch):
+    """Loading models or decoding fails the test: the errors below must come first."""
+
+    def fail(*args, **kwargs):
+        raise AssertionError("a model was loaded or decoded before the input was checked")
+
+    monkeypatch.setattr(decode_cli, "load_models", fail)
+    monkeypatch.setattr(decode_cli, "decode", fail)
+
+
+@pytest.mark.parametrize("prompt", ["''", "'   '", "'\t'"])
+def test_an_empty_prompt_is_an_error_before_decoding(prompt, no_decoding, tmp_path):
+    with pytest.raises(ValueError, match=r"prompt is empty .*or ask for an unconditional sample with "):
+        run(compose("decode", tmp_path, [f"prompt={prompt}"]))
+
+
+def test_an_unknown_word_is_an_error_before_decoding(no_decoding, tmp_path):
+    with pytest.raises(ValueError, match=r"word 'elephant' is not in the caption vocabulary"):
+        run(compose("decode", tmp_path, ["prompt='a purple elephant'"]))
+
+
+def test_unconditional_takes_an_empty_prompt_and_samples_the_null_caption(testbed, tmp_path, monkeypatch):
+    with pytest.raises(ValueError, match=r"unconditional=true samples without a caption, but prompt="):
+        run(compose("decode", tmp_path, ["unconditional=true", f"models={testbed}"]))
+    seen = {}
+    monkeypatch.setattr(decode_cli, "decode", lambda *args: stop(seen.setdefault("args", args)))
+    with pytest.raises(Stop):
+        run(compose("decode", tmp_path, ["unconditional=true", "prompt=''", f"models={testbed}"]))
+    method, _, prompts, _, sampler, _ = seen["args"]
+    assert method == "ar" and prompts == [""] and sampler.cfg_scale == 0.0
+    # guidance at scale 0 leaves the unconditional branch alone: the prefix the caption dropout trained
+    target = load_models(testbed, names=["target"]).target
+    cond = caption_condition(target, [""])
+    null = target(torch.zeros(1, 64, dtype=torch.long), cond, drop=torch.ones(1, dtype=torch.bool))[:, 0]
+    torch.testing.assert_close(target.start(cond, cfg_scale=0.0).first_logits, null)
+    assert not torch.allclose(target.start(cond, cfg_scale=1.0).first_logits, null)
+
+
+@pytest.mark.parametrize(
+    ("out", "error"),
+    [
+        ("{tmp}", r"is an existing directory: give an image file, e.g. out=.*sample.png"),
+        ("{tmp}/sample", r"must end in one of \['.png', '.jpg', '.jpeg'\]"),
+        ("{tmp}/sample.gif", r"must end in one of"),
+        ("{tmp}/file.txt/deeper/sample.png", r"its folder .*deeper cannot be created: .*file.txt is a file"),
+    ],
+)
+def test_a_bad_output_path_is_an_error_before_decoding(out, error, no_decoding, tmp_path):
+    (tmp_path / "file.txt").write_text("a file where a folder should be")
+    with pytest.raises(ValueError, match=error):
+        run(compose("decode", tmp_path, [f"out={out.format(tmp=tmp_path)}"]))
+
+
+def test_a_jpg_output_is_written_into_a_new_folder(testbed, tmp_path):
+    out = tmp_path / "new" / "folder" / "sample.JPG"
+    run(compose("decode", tmp_path, [f"models={testbed}", f"out={out}"]))
+    assert Image.open(out).format == "JPEG"
 
 
 def test_missing_model_names_the_training_command(tmp_path):

@@ -2,7 +2,10 @@
 the image. A thin Hydra `main()` around a plain `run(cfg)` that tests call directly.
 
     mulo-decode method=ar prompt="two red circles left of a blue star on a striped background" out=sample.png
-    mulo-decode method=mulo knobs.r=2 knobs.tau=0.1 knobs.k=4
+    mulo-decode method=mulo prompt="a red circle on a striped background"   # the recommended knobs
+    mulo-decode method=mulo knobs.r=4 knobs.l=1 knobs.tau=0.0005
+
+The prompt and the output path are checked before any model is loaded.
 """
 
 from __future__ import annotations
@@ -15,17 +18,60 @@ import torch
 from mulo_sd.training.config import CONFIG_DIR
 from omegaconf import DictConfig, OmegaConf
 
+from mulo_sd.captions import encode_caption
 from mulo_sd.decode import decode, required_models, tensor_to_pil
 from mulo_sd.sampling import SamplerConfig
 from mulo_sd.testbed import TESTBED_DIR, load_models
 
 log = logging.getLogger(__name__)
 
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")  # PIL picks the format from the suffix
+UNSET = "default"  # a knob's value in conf/decode/default.yaml until the user sets it
+
 
 def set_knobs(cfg_knobs: DictConfig | None) -> dict:
-    """The knobs the user set: null entries mean 'the method's default' and are left out."""
+    """The knobs the user set: entries left at UNSET keep the method's default and are left out (null is a
+    value: None, e.g. serial drafting)."""
     knobs = OmegaConf.to_container(cfg_knobs, resolve=True) if cfg_knobs else {}
-    return {name: value for name, value in knobs.items() if value is not None}
+    return {name: value for name, value in knobs.items() if value != UNSET}
+
+
+def check_prompt(prompt, unconditional: bool) -> str:
+    """The caption to decode. An empty one would decode the model's all-padding caption, which is neither
+    a caption nor its unconditional distribution: it takes unconditional=true, which takes an empty one."""
+    text = "" if prompt is None else str(prompt)
+    if unconditional and text.strip():
+        raise ValueError(
+            f"unconditional=true samples without a caption, but prompt={text!r} is given: set prompt='' "
+            f"or drop unconditional=true"
+        )
+    if not unconditional and not text.strip():
+        raise ValueError(
+            f"prompt is empty ({text!r}): give a caption, e.g. prompt='a red circle on a noisy background', "
+            f"or ask for an unconditional sample with unconditional=true"
+        )
+    if not unconditional:
+        encode_caption(text)  # unknown words fail here, before any model is loaded
+    return text
+
+
+def prepare_output(out) -> Path:
+    """The image path `out`, checked, with its folder created, before anything is decoded."""
+    path = Path(str(out))
+    if path.is_dir():
+        raise ValueError(
+            f"out={out} is an existing directory: give an image file, e.g. out={path / 'sample.png'}"
+        )
+    if path.suffix.lower() not in IMAGE_SUFFIXES:
+        raise ValueError(f"out={out} must end in one of {list(IMAGE_SUFFIXES)}: the suffix picks the format")
+    blocking = next((p for p in (path.parent, *path.parent.parents) if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        raise ValueError(f"out={out}: its folder {path.parent} cannot be created: {blocking} is a file")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ValueError(f"out={out}: its folder {path.parent} cannot be created ({error})") from None
+    return path
 
 
 def format_stats(stats: dict) -> str:
@@ -39,16 +85,20 @@ def format_stats(stats: dict) -> str:
 
 
 def run(cfg: DictConfig) -> dict:
-    """Decode `cfg.prompt` with `cfg.method`, write the PNG to `cfg.out`; return the statistics row."""
+    """Decode `cfg.prompt` with `cfg.method`, write the image to `cfg.out`; return the statistics row."""
+    unconditional = bool(cfg.get("unconditional"))
+    prompt = check_prompt(cfg.prompt, unconditional)
+    knobs = set_knobs(cfg.knobs)
+    names = required_models(cfg.method, knobs)  # checks the method and knobs
+    out = prepare_output(cfg.out)
     if cfg.get("threads"):
         torch.set_num_threads(cfg.threads)
-    knobs = set_knobs(cfg.knobs)
     folder = Path(cfg.models) if cfg.get("models") else TESTBED_DIR
-    models = load_models(folder, cfg.device, names=required_models(cfg.method, knobs))
-    sampler = SamplerConfig(**OmegaConf.to_container(cfg.sampler, resolve=True))
-    result = decode(cfg.method, models, [cfg.prompt], knobs, sampler, cfg.seed)
-    out = Path(cfg.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    models = load_models(folder, cfg.device, names=names)
+    sampler = OmegaConf.to_container(cfg.sampler, resolve=True)
+    if unconditional:  # guided logits u + 0 * (c - u): the unconditional branch (the CFG null caption) alone
+        sampler["cfg_scale"] = 0.0
+    result = decode(cfg.method, models, [prompt], knobs, SamplerConfig(**sampler), cfg.seed)
     tensor_to_pil(result.image[0]).save(out)
     log.info("wrote %s", out)
     return result.stats.as_dict()
