@@ -1,13 +1,16 @@
 """Webdataset shards: write them reproducibly, record their sizes, expand a shard spec, check them.
 
-Shards are plain tar files (webdataset's ShardWriter) whose members are `<key>.<ext>`. Every tar header
-field is fixed (mtime, owner, mode), so the same samples in the same order give byte-identical shards.
+Shards are plain tar files (webdataset's TarWriter) whose members are `<key>.<ext>`. Every tar header
+field is fixed (mtime, owner, mode), so the same samples in the same order give byte-identical shards. Each
+shard is written to `<name>.partial` and renamed into place when complete, so an interrupted run never
+leaves a truncated shard under a shard's name.
 `sizes.json` next to the shards maps each shard's file name to its sample count, the format open_clip
 reads to know a dataset's length without scanning it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import io
 import itertools
@@ -17,6 +20,7 @@ import tarfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+import numpy as np
 import webdataset as wds
 from braceexpand import braceexpand
 from PIL import Image
@@ -33,26 +37,47 @@ def write_shards(
 ) -> dict[str, int]:
     """Write samples ({"__key__": str, ext: bytes, ...}) to out_dir/prefix-NNNNNN.tar, `shard_size` per shard.
 
-    Returns {shard file name: sample count} for the shards written and merges it into out_dir/sizes.json.
+    Returns {shard file name: sample count} for the shards written and merges it into out_dir/sizes.json
+    (also when the samples raise: the shards finished before are listed, the unfinished one is deleted).
     """
     if shard_size < 1:
         raise ValueError(f"shard size must be >= 1, got {shard_size}")
     samples = iter(samples)
     first = next(samples, None)
-    if first is None:  # ShardWriter opens its first shard at once: refuse before an empty tar exists
+    if first is None:
         raise ValueError(f"no samples to write to {out_dir}")
     os.makedirs(out_dir, exist_ok=True)
     sizes: dict[str, int] = {}
-    pattern = os.path.join(out_dir, f"{prefix}-%06d.tar")
-    with wds.ShardWriter(
-        pattern, maxcount=shard_size, start_shard=start_shard, verbose=0, encoder=False, **_TAR_HEADER
-    ) as writer:
-        for sample in itertools.chain([first], samples):
-            writer.write(sample)
-            name = os.path.basename(writer.fname)
-            sizes[name] = sizes.get(name, 0) + 1
-    update_sizes(out_dir, sizes)
+    try:
+        for number in itertools.count(start_shard):
+            name = f"{prefix}-{number:06d}.tar"
+            shard = itertools.chain([first], itertools.islice(samples, shard_size - 1))
+            sizes[name] = write_tar(os.path.join(out_dir, name), shard)
+            first = next(samples, None)
+            if first is None:
+                break
+    finally:  # also after a failure: the shards finished so far are complete
+        if sizes:
+            update_sizes(out_dir, sizes)
     return sizes
+
+
+def write_tar(path: str, samples: Iterable[dict]) -> int:
+    """Write samples to the tar file `path` via `path.partial`, renamed into place only when complete (a
+    failure removes it); returns the number of samples."""
+    partial = path + ".partial"
+    count = 0
+    try:
+        with open(partial, "wb") as stream, wds.TarWriter(stream, encoder=False, **_TAR_HEADER) as writer:
+            for sample in samples:
+                writer.write(sample)
+                count += 1
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(partial)
+        raise
+    os.replace(partial, path)
+    return count
 
 
 def update_sizes(out_dir: str, sizes: dict[str, int]) -> None:
@@ -89,12 +114,19 @@ def expand_spec(spec: str) -> list[str]:
 
 @dataclass
 class ShardReport:
-    """What `check_shard` found: samples read, corrupt (key, reason) pairs, and why the tar is unreadable."""
+    """What `check_shard` found: samples read, corrupt (key, reason) pairs, and why the tar is unreadable.
+
+    A sample is corrupt when a member does not decode, or when it has neither an image nor a `.npy` token
+    grid (pre-tokenised shards); a readable tar without samples is `empty`."""
 
     path: str
     samples: int = 0
     corrupt: list[tuple[str, str]] = field(default_factory=list)
     unreadable: str | None = None
+
+    @property
+    def empty(self) -> bool:
+        return self.unreadable is None and self.samples == 0
 
 
 def _check_member(extension: str, data: bytes) -> None:
@@ -107,6 +139,8 @@ def _check_member(extension: str, data: bytes) -> None:
         json.loads(data.decode("utf-8"))
     elif kind == "txt":
         data.decode("utf-8")
+    elif kind == "npy":
+        np.load(io.BytesIO(data), allow_pickle=False)
 
 
 def _check_sample(report: ShardReport, key: str, members: dict[str, bytes], problem: str | None) -> None:
@@ -120,6 +154,12 @@ def _check_sample(report: ShardReport, key: str, members: dict[str, bytes], prob
         except Exception as error:  # any decoder failure makes the sample corrupt; say which member and why
             report.corrupt.append((key, f".{extension}: {type(error).__name__}: {error}"))
             return
+    kinds = {extension.rsplit(".", 1)[-1] for extension in members}
+    if not kinds & (IMAGE_EXTENSIONS | {"npy"}):  # nothing to train on: the datamodule would skip it
+        found = ", ".join(f".{extension}" for extension in sorted(members))
+        report.corrupt.append(
+            (key, f"no image ({'/'.join(sorted(IMAGE_EXTENSIONS))}) or .npy member, only {found}")
+        )
 
 
 def check_shard(path: str) -> ShardReport:

@@ -1,7 +1,9 @@
 import io
 import json
 import os
+import tarfile
 
+import numpy as np
 import pytest
 import webdataset as wds
 from mulo_sd.data.cli import main
@@ -59,6 +61,8 @@ def test_start_index_continues_shard_numbers_and_sizes(tmp_path, capsys):
     assert keys == ["000000009", "000000010", "000000011"]
     with pytest.raises(SystemExit, match="--start-index must be a non-negative multiple of --shard-size"):
         make_synthscenes(tmp_path, capsys, "--start-index", "4")
+    with pytest.raises(SystemExit, match="already holds synthscenes-000003.tar: use another --start-index"):
+        make_synthscenes(tmp_path, capsys, "--start-index", "9")
 
 
 def test_from_folder_stores_images_as_is_with_captions(tmp_path, capsys):
@@ -133,4 +137,64 @@ def test_verify_reports_truncated_and_missing_shards(tmp_path, capsys):
 def open_png():
     buffer = io.BytesIO()
     Image.new("RGB", (4, 4), (1, 2, 3)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def test_verify_fails_samples_without_an_image_and_shards_without_samples(tmp_path, capsys):
+    good = {"__key__": "good", "png": open_png(), "txt": b"a red circle"}
+    tokens = {"__key__": "tokens", "tok4.npy": npy_bytes(), "txt": b"pre-tokenised"}
+    write_shards([good, {"__key__": "captiononly", "txt": b"no image"}, tokens], str(tmp_path), "t", 10)
+    with tarfile.open(tmp_path / "t-000001.tar", "w"):
+        pass  # a valid tar with no samples
+    assert main(["verify", f"{tmp_path}/t-{{000000..000001}}.tar"]) == 1
+    out = capsys.readouterr().out
+    shard = tmp_path / "t-000000.tar"
+    assert f"corrupt {shard} captiononly: no image (jpeg/jpg/png/webp) or .npy member, only .txt" in out
+    assert f"empty shard {tmp_path / 't-000001.tar'}: a valid tar without samples" in out
+    assert "shards: 2  unreadable shards: 0  empty shards: 1" in out and "total: 3  ok: 2  corrupt: 1" in out
+
+
+def test_synthscenes_refuses_a_non_empty_folder_unless_overwrite(tmp_path, capsys):
+    make_synthscenes(tmp_path / "out", capsys)  # seed 5: 7 scenes in 3 shards
+    before = shard_bytes(tmp_path / "out")
+
+    def seed6(out, *extra):
+        args = ["--out", str(out), "--count", "4", "--seed", "6", "--size", "32", "--shard-size", "3"]
+        return main(["synthscenes", *args, *extra])
+
+    with pytest.raises(SystemExit, match="out is not empty .*pass --overwrite"):
+        seed6(tmp_path / "out")
+    with pytest.raises(SystemExit, match="synthscenes-000000.tar does not hold scenes of --seed 6"):
+        seed6(tmp_path / "out", "--start-index", "9")
+    assert shard_bytes(tmp_path / "out") == before
+    (tmp_path / "out" / "synthscenes-000009.tar.partial").write_bytes(b"left by a killed run")
+    assert seed6(tmp_path / "out", "--overwrite") == seed6(tmp_path / "fresh") == 0
+    assert shard_bytes(tmp_path / "out") == shard_bytes(tmp_path / "fresh")  # old shards and .partial gone
+    assert json.loads((tmp_path / "out" / "sizes.json").read_text()) == {
+        "synthscenes-000000.tar": 3,
+        "synthscenes-000001.tar": 1,
+    }
+
+
+def test_from_folder_names_a_non_utf8_caption_and_leaves_no_partial_shard(tmp_path):
+    images = tmp_path / "images"
+    images.mkdir()
+    for name in "abcde":
+        (images / f"{name}.png").write_bytes(open_png())
+    (images / "d.txt").write_bytes("café".encode("latin-1"))
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit, match=f"caption {images / 'd.txt'} is not UTF-8"):
+        main(["from-folder", "--images", str(images), "--out", str(out), "--shard-size", "2"])
+    # the failure came while writing the second shard: the first is complete and listed, no other file
+    assert sorted(os.listdir(out)) == ["images-000000.tar", "sizes.json"]
+    assert json.loads((out / "sizes.json").read_text()) == {"images-000000.tar": 2}
+    assert [s["__key__"] for s in wds.WebDataset(str(out / "images-000000.tar"), shardshuffle=False)] == [
+        "a",
+        "b",
+    ]
+
+
+def npy_bytes():
+    buffer = io.BytesIO()
+    np.save(buffer, np.zeros((4, 4), dtype=np.int16))
     return buffer.getvalue()

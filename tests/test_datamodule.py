@@ -1,8 +1,10 @@
 import io
 import json
 import pickle
+import threading
 import warnings
 
+import hydra
 import lightning as L
 import numpy as np
 import pytest
@@ -11,6 +13,8 @@ import torch.nn.functional as F
 import webdataset as wds
 from mulo_sd.training.datamodule import ShardDataModule, skipped_total
 from PIL import Image
+
+from tests.helpers import compose_train_config
 
 IMAGE_SIZE = 16
 
@@ -297,3 +301,77 @@ def test_bad_shard_specs(shards):
     with pytest.raises(ValueError, match="set val_samples when running on more than one rank"):
         make(shards, rank=0, world_size=2).val_dataloader()
     assert make(shards, val_shards=None).val_dataloader() == []
+
+
+def broken_shards(tmp_path, case):
+    """Shards with no usable training sample: a 0-byte file and an empty tar, or samples without an image."""
+    if case == "empty":
+        (tmp_path / "zero.tar").write_bytes(b"")
+        write_shard(tmp_path / "empty.tar", [])
+        return ["zero.tar", "empty.tar"]
+    write_shard(
+        tmp_path / "captions.tar", [{"__key__": f"c{i:03d}", "txt": b"a caption"} for i in range(100)]
+    )
+    return ["captions.tar"]
+
+
+@pytest.mark.parametrize(
+    ("case", "num_workers"),
+    # a worker's error reaches the main process; torch then takes 5 s to shut that worker down
+    [("empty", 0), ("captions_only", 0), pytest.param("empty", 1, marks=pytest.mark.slow)],
+)
+def test_training_stream_without_usable_samples_raises(tmp_path, case, num_workers):
+    names = broken_shards(tmp_path, case)
+    dm = make(
+        tmp_path, train_shards="::".join(f"{tmp_path}/{name}" for name in names), num_workers=num_workers
+    )
+    errors = []
+
+    def first_batch():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                next(iter(dm.train_dataloader()))
+            except RuntimeError as error:
+                errors.append(str(error))
+
+    # under the default limit the error comes within seconds; a thread keeps a regression from hanging pytest
+    reader = threading.Thread(target=first_batch, daemon=True)
+    reader.start()
+    reader.join(timeout=60)
+    assert errors, "the training stream spun on data without a usable sample instead of raising"
+    assert "no usable training sample" in errors[0]
+    assert all(f"{tmp_path}/{name}" in errors[0] for name in names)
+
+
+def test_isolated_bad_shards_and_samples_do_not_stop_training(shards, tmp_path):
+    (tmp_path / "zero.tar").write_bytes(b"")
+    dm = make(shards, train_shards=f"{shards}/bad.tar::{tmp_path}/zero.tar", max_consecutive_failures=100)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        batches = list(dm.train_dataloader())
+    assert len(batches) == 4 and set(keys(batches)) == {"b0000", "b0004", "b0005"}
+    assert skipped_total(batches) > 0
+
+
+def test_pipe_urls_need_allow_pipe(shards):
+    spec = f"pipe:cat {shards}/good-000000.tar"
+    for split in ("train", "val"):
+        with pytest.raises(ValueError, match=f"shard spec '{spec}' has 1 pipe: URLs.*data.allow_pipe=true"):
+            getattr(make(shards, **{f"{split}_shards": spec}), f"{split}_dataloader")()
+    (batch,) = list(make(shards, val_shards=spec, allow_pipe=True, batch_size=6).val_dataloader())
+    assert batch["key"] == [f"s{i:04d}" for i in range(6)]
+
+
+def test_laion_config_refuses_pipe_specs_unless_allowed(shards, tmp_path):
+    spec = f"pipe:cat {shards}/good-000000.tar"
+    overrides = ["data=laion_coco_aesthetic", f"data.train_shards='{spec}'", "data.image_size=16"]
+    overrides += ["data.batch_size=2", "data.num_workers=0", "data.shuffle_buffer=4"]
+    refused = hydra.utils.instantiate(compose_train_config(tmp_path, overrides).data)
+    assert refused.max_consecutive_failures == 20000
+    with pytest.raises(ValueError, match="data.allow_pipe=true"):
+        refused.train_dataloader()
+    allowed = hydra.utils.instantiate(
+        compose_train_config(tmp_path, [*overrides, "data.allow_pipe=true"]).data
+    )
+    assert next(iter(allowed.train_dataloader()))["image"].shape == (2, 3, IMAGE_SIZE, IMAGE_SIZE)

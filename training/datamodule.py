@@ -30,13 +30,19 @@ to rank i % world_size, and within a rank to worker j % num_workers (j counts th
 never overlap and all get the same number of samples and batches. Each worker reads the raw bytes of all
 those samples but decodes only its own.
 
-Bad data never stops training. An undecodable image, bad json, a token grid of the wrong shape or dtype, or a
-missing required member skips the sample with a rate-limited warning naming its key; a truncated or
-unreadable tar is skipped from the point of failure by `wds.warn_and_continue` (those samples are not
+Bad samples never stop training; broken data does. An undecodable image, bad json, a token grid of the wrong
+shape or dtype, or a missing required member skips the sample with a rate-limited warning naming its key; a
+truncated or unreadable tar is skipped from the point of failure with a warning (those samples are not
 counted: their number is unknown). Each worker counts the samples it skipped; every batch carries that
-worker's cumulative count as `batch["skipped"]` and the worker's index as `batch["worker"]`;
-`skipped_total` sums the latest count of each worker. A corrupt validation sample makes its rank's set one
-sample smaller, which changes the batch count only if it empties a batch: keep validation shards clean.
+worker's cumulative count as `batch["skipped"]` and the worker's index as `batch["worker"]`; `skipped_total`
+sums the latest count of each worker. The resampled training stream never ends, so data without a usable
+sample would spin forever: after `max_consecutive_failures` failures in a row (a skipped sample, or a shard
+read without a single sample: a 0-byte file, an empty tar) with no sample decoded in between, the worker
+raises an error naming the shards involved. A corrupt validation sample makes its rank's set one sample
+smaller, which changes the batch count only if it empties a batch: keep validation shards clean.
+
+Shard URLs: local paths, or anything webdataset opens (http://, gs://, ...). A `pipe:` URL is a shell
+command that webdataset runs; such specs are refused unless `allow_pipe=True` (`data.allow_pipe=true`).
 
 Everything in the pipeline is a module-level function, a functools.partial or a small class, so it pickles
 for spawned workers and DDP.
@@ -54,6 +60,7 @@ import re
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
+from urllib.parse import urlparse
 
 import lightning as L
 import numpy as np
@@ -64,12 +71,22 @@ from PIL import Image
 IMAGE_MEMBERS = ("png", "jpg", "jpeg", "webp")  # the first one present is the sample's image
 WARN_FIRST = 10  # warn for each of the first skipped samples of a worker, then at powers of two
 URL_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")  # pipe:, http://, s3:// ... anything but a local path
+# Large enough for a fully corrupt shard drawn through the shuffle buffer (about shard size + buffer size
+# failures in a row at worst), small enough to stop within seconds on data that has no usable sample.
+MAX_CONSECUTIVE_FAILURES = 20_000
 
 
 def worker_id() -> int:
     """Index of the DataLoader worker running this code (0 in the main process)."""
     info = torch.utils.data.get_worker_info()
     return 0 if info is None else info.id
+
+
+def warn_and_continue(error: Exception) -> bool:
+    """Handler for unreadable tars: `wds.warn_and_continue` without its half-second sleep per error, which
+    made a stream of broken shards crawl."""
+    warnings.warn(repr(error), stacklevel=2)
+    return True
 
 
 def rank_worker_seed(rank: int) -> int:
@@ -209,9 +226,82 @@ def skipped_total(batches: Iterable[dict]) -> int:
     return sum(latest.values())
 
 
-def expand_shards(spec: str) -> list[str]:
-    """Brace-expand a shard spec (several joined with '::'); local files must exist."""
+class ConsecutiveFailures:
+    """Failures of one worker's training stream since its last decoded sample; raises past `limit`.
+
+    A failure is a skipped sample or a shard that yielded no sample. Without this bound a stream of
+    resampled shards with nothing usable in them would loop forever without an error."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.skipped = 0
+        self.empty_shards = 0
+        self.shards: dict[str, None] = {}  # the shards of the current run of failures, in order
+
+    def failed(self, url: str, empty_shard: bool = False) -> None:
+        if empty_shard:
+            self.empty_shards += 1
+        else:
+            self.skipped += 1
+        self.shards[url] = None
+        if self.skipped + self.empty_shards >= self.limit:
+            shown = ", ".join(list(self.shards)[:5]) + (", ..." if len(self.shards) > 5 else "")
+            raise RuntimeError(
+                f"no usable training sample in {self.limit} tries in a row ({self.skipped} samples skipped, "
+                f"{self.empty_shards} shards read without a sample) from {len(self.shards)} shard(s): "
+                f"{shown}; check them with `mulo-data verify`, or raise data.max_consecutive_failures if the "
+                "data has longer runs of corrupt samples"
+            )
+
+    def succeeded(self) -> None:
+        if self.shards:
+            self.skipped = self.empty_shards = 0
+            self.shards.clear()
+
+
+class ReadShards(wds.PipelineStage):
+    """Shard URLs -> raw samples (a bad tar ends its shard with a warning); a shard without samples fails."""
+
+    def __init__(self, failures: ConsecutiveFailures):
+        self.failures = failures
+
+    def run(self, src):
+        for shard in src:
+            empty = True
+            for sample in wds.tarfile_to_samples(handler=warn_and_continue)([shard]):
+                empty = False
+                yield sample
+            if empty:
+                self.failures.failed(shard["url"], empty_shard=True)
+
+
+class DecodeSamples(wds.PipelineStage):
+    """Raw samples -> decoded samples, dropping (and counting as failures) those the decoder skips."""
+
+    def __init__(self, decoder: SampleDecoder, failures: ConsecutiveFailures):
+        self.decoder = decoder
+        self.failures = failures
+
+    def run(self, src):
+        for sample in src:
+            decoded = self.decoder(sample)
+            if decoded is None:
+                self.failures.failed(sample.get("__url__", "?"))
+            else:
+                self.failures.succeeded()
+                yield decoded
+
+
+def expand_shards(spec: str, allow_pipe: bool = False) -> list[str]:
+    """Brace-expand a shard spec ('::' joins several); local files must exist, pipe: URLs need allow_pipe."""
     urls = wds.shardlists.expand_urls(spec)
+    pipes = [url for url in urls if urlparse(url).scheme == "pipe"]
+    if pipes and not allow_pipe:
+        raise ValueError(
+            f"shard spec {spec!r} has {len(pipes)} pipe: URLs, e.g. {pipes[0]!r}: webdataset runs each as a "
+            "shell command. If you trust the spec, allow that with data.allow_pipe=true (training) or "
+            "--allow-pipe (mulo-data pretokenize)"
+        )
     missing = [url for url in urls if not URL_SCHEME.match(url) and not Path(url).is_file()]
     if missing:
         raise FileNotFoundError(
@@ -232,6 +322,10 @@ class ShardDataModule(L.LightningDataModule):
     Token keys name npy members, "tok16" or "tok16.npy" -> batch key "tok16"; `token_shapes` gives the [h, w]
     of each (by batch key) so a grid of another shape is skipped instead of breaking a batch. `rank` and
     `world_size` override the rank found from the Trainer or torch.distributed (tests, custom launchers).
+
+    `max_consecutive_failures`: a training worker raises after this many skipped samples or sample-less
+    shards in a row (see the module docstring). `allow_pipe`: accept `pipe:` shard URLs, which run shell
+    commands.
     """
 
     def __init__(
@@ -252,6 +346,8 @@ class ShardDataModule(L.LightningDataModule):
         caption_key: str = "txt",
         rank: int | None = None,
         world_size: int | None = None,
+        max_consecutive_failures: int = MAX_CONSECUTIVE_FAILURES,
+        allow_pipe: bool = False,
     ):
         super().__init__()
         if not train_shards:
@@ -260,6 +356,7 @@ class ShardDataModule(L.LightningDataModule):
             ("image_size", image_size),
             ("batch_size", batch_size),
             ("train_samples_per_epoch", train_samples_per_epoch),
+            ("max_consecutive_failures", max_consecutive_failures),
         ]:
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
@@ -303,6 +400,8 @@ class ShardDataModule(L.LightningDataModule):
         self.seed = seed
         self.rank = rank
         self.world_size = world_size
+        self.max_consecutive_failures = max_consecutive_failures
+        self.allow_pipe = allow_pipe
         self.decoder = SampleDecoder(image_size, extra_sizes, shapes, load_images, caption_key)
         self.resume_batches = 0  # training batches consumed before this run, from load_state_dict
 
@@ -338,8 +437,9 @@ class ShardDataModule(L.LightningDataModule):
     def train_dataset(self, rank: int, world_size: int) -> wds.DataPipeline:
         start_epoch, consumed = self.resume_point(world_size)
         decoder = copy.copy(self.decoder)  # its own skipped count, apart from the validation set's
+        failures = ConsecutiveFailures(self.max_consecutive_failures)
         shards = wds.ResampledShards(
-            expand_shards(self.train_shards),
+            expand_shards(self.train_shards, self.allow_pipe),
             seed=self.seed,
             worker_seed=functools.partial(rank_worker_seed, rank),
             deterministic=True,
@@ -347,10 +447,10 @@ class ShardDataModule(L.LightningDataModule):
         shards.epoch = start_epoch - 1  # ResampledShards counts its passes from -1
         return wds.DataPipeline(
             shards,
-            wds.tarfile_to_samples(handler=wds.warn_and_continue),
+            ReadShards(failures),
             # shuffle before decoding: raw bytes are small
             EpochShuffle(self.shuffle_buffer, self.seed, rank, start_epoch),
-            wds.map(decoder),
+            DecodeSamples(decoder, failures),
             wds.batched(self.batch_size, collation_fn=decoder.collate, partial=False),
             SkipConsumed(consumed),
         ).with_epoch(self.batches_per_worker(world_size))
@@ -365,8 +465,8 @@ class ShardDataModule(L.LightningDataModule):
             )
         decoder = copy.copy(self.decoder)
         stages = [
-            wds.SimpleShardList(expand_shards(self.val_shards)),
-            wds.tarfile_to_samples(handler=wds.warn_and_continue),
+            wds.SimpleShardList(expand_shards(self.val_shards, self.allow_pipe)),
+            wds.tarfile_to_samples(handler=warn_and_continue),
         ]
         if self.val_samples is not None:
             # drop the remainder so every rank gets the same count; the node split is an explicit slice
