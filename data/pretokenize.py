@@ -9,6 +9,11 @@ Each output sample keeps `__key__`, `txt` and `json` and adds one grid per size,
 the tokenizer's downsample factor; int16 when the codebook fits, else int32). Every input shard gives one
 output shard of the same file name; `sizes.json` is written beside them. Corrupt samples are skipped,
 warned about by key and counted in the summary.
+
+With `--text-encoder DIR` (a FLAN-T5 folder, LlamaGen t2i) each sample also stores its caption's T5 features,
+`t5.npy`: the valid token rows only, float32 [n, D] (LlamaGen's extract_t5_feature.py keeps the same rows),
+so training does not run T5 every step; `mulo_sd.text.left_pad` turns a batch of them into the features and
+mask the GPT takes, exactly as `T5TextEncoder` returns them.
 """
 
 from __future__ import annotations
@@ -24,10 +29,12 @@ from pathlib import Path
 import numpy as np
 import torch
 import webdataset as wds
-from mulo_sd.data.shards import _TAR_HEADER, SIZES_NAME, update_sizes
+from mulo_sd.data.generated import ensure_generated
+from mulo_sd.data.shards import SIZES_NAME, update_sizes, write_tar
 from tqdm import tqdm
 
 from mulo_sd.io import CONFIG_NAME, WEIGHTS_NAME
+from mulo_sd.text import FEATURES_MEMBER, T5_MAX_LENGTH, T5TextEncoder, resolve_dtype, t5_fingerprint
 from mulo_sd.vq import VQModel
 
 MANIFEST_NAME = "pretokenize.json"
@@ -110,12 +117,20 @@ def expected_samples(paths: list[str]) -> int | None:
 class ShardTokenizer:
     """Decodes raw samples like the datamodule, encodes them in batches, and writes token samples."""
 
-    def __init__(self, vq: VQModel, sizes: list[int], batch_size: int, device: str | torch.device):
+    def __init__(
+        self,
+        vq: VQModel,
+        sizes: list[int],
+        batch_size: int,
+        device: str | torch.device,
+        text_encoder: T5TextEncoder | None = None,
+    ):
         # the datamodule's own decoder, so images are cropped and downscaled exactly as training does it
         # (imported here: it pulls in Lightning, which the other mulo-data commands do without)
         from mulo_sd.training.datamodule import SampleDecoder
 
         self.vq = vq
+        self.text_encoder = text_encoder
         self.batch_size = batch_size
         self.device = torch.device(device)
         self.dtype = np.int16 if vq.codebook_size <= np.iinfo(np.int16).max + 1 else np.int32
@@ -138,36 +153,34 @@ class ShardTokenizer:
         for size, name in self.image_keys.items():
             images = torch.stack([decoded[name] for _, decoded in batch]).to(self.device)
             grids[size] = self.vq.encode(images).cpu().numpy().astype(self.dtype)
+        captions = None
+        if self.text_encoder is not None:  # the valid T5 rows, as LlamaGen's extract_t5_feature.py keeps
+            captions = self.text_encoder.valid_rows([decoded["caption"] for _, decoded in batch])
         for i, (raw, _) in enumerate(batch):
             sample = {"__key__": raw["__key__"]}
             sample.update({member: raw[member] for member in KEPT_MEMBERS if member in raw})
             for size, grid in grids.items():
                 sample[f"{token_key(size, self.vq.downsample_factor)}.npy"] = npy_bytes(grid[i])
+            if captions is not None:
+                sample[FEATURES_MEMBER] = npy_bytes(captions[i].float().cpu().numpy())
             yield sample
 
     def tokenize_shard(self, path: str, out_path: str, progress: tqdm) -> int:
         """Write the token samples of shard `path` to `out_path` (renamed into place when complete)."""
-        written = 0
-        partial = out_path + ".partial"
-        with open(partial, "wb") as stream, wds.TarWriter(stream, encoder=False, **_TAR_HEADER) as writer:
-            batch = []
-            for raw in read_samples(path):
-                decoded = self.decoder(raw)
-                progress.update(1)
-                if decoded is not None:
-                    batch.append((raw, decoded))
-                if len(batch) == self.batch_size:
-                    written += self.write(writer, batch)
-                    batch = []
-            if batch:
-                written += self.write(writer, batch)
-        os.replace(partial, out_path)
-        return written
+        return write_tar(out_path, self.token_samples(path, progress))
 
-    def write(self, writer: wds.TarWriter, batch: list[tuple[dict, dict]]) -> int:
-        for sample in self.encode(batch):
-            writer.write(sample)
-        return len(batch)
+    def token_samples(self, path: str, progress: tqdm) -> Iterator[dict]:
+        batch = []
+        for raw in read_samples(path):
+            decoded = self.decoder(raw)
+            progress.update(1)
+            if decoded is not None:
+                batch.append((raw, decoded))
+            if len(batch) == self.batch_size:
+                yield from self.encode(batch)
+                batch = []
+        if batch:
+            yield from self.encode(batch)
 
 
 def pretokenize(
@@ -177,13 +190,21 @@ def pretokenize(
     out: str,
     batch_size: int = 64,
     device: str | torch.device = "cpu",
+    allow_pipe: bool = False,
+    *,
+    text_encoder: str | Path | None = None,
+    text_dtype: str = "float32",
+    text_max_length: int = T5_MAX_LENGTH,
 ) -> tuple[str, int, int]:
-    """Tokenize every shard of `shards_spec` into `out`; returns (output spec, samples written, skipped)."""
+    """Tokenize every shard of `shards_spec` into `out`; returns (output spec, samples written, skipped).
+
+    `allow_pipe` accepts `pipe:` input URLs, which run shell commands. `text_encoder`: a FLAN-T5 folder;
+    each sample then also stores its caption's T5 features (mulo_sd/text.py)."""
     from mulo_sd.training.datamodule import expand_shards  # the spec syntax training reads ('::' joins specs)
 
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    paths = expand_shards(shards_spec)
+    paths = expand_shards(shards_spec, allow_pipe)
     names = [os.path.basename(path) for path in paths]
     if len(set(names)) != len(names):
         raise ValueError(
@@ -191,7 +212,8 @@ def pretokenize(
         )
     spec = output_spec(shards_spec, out)
     vq = VQModel.from_pretrained(tokenizer, device)
-    shard_tokenizer = ShardTokenizer(vq, check_sizes(sizes, vq.downsample_factor), batch_size, device)
+    text = None if text_encoder is None else T5TextEncoder(text_encoder, device, text_dtype, text_max_length)
+    shard_tokenizer = ShardTokenizer(vq, check_sizes(sizes, vq.downsample_factor), batch_size, device, text)
     os.makedirs(out, exist_ok=True)
     counts = {}
     with tqdm(total=expected_samples(paths), desc="pretokenize", unit="image") as progress:
@@ -208,30 +230,37 @@ def ensure_pretokenized(
     out: str,
     batch_size: int = 64,
     device: str | torch.device = "cpu",
+    *,
+    text_encoder: str | Path | None = None,
+    text_dtype: str = "float32",
+    text_max_length: int = T5_MAX_LENGTH,
 ) -> str:
     """Pre-tokenize `shards_spec` into `out` unless it already holds exactly these tokens; return their spec.
 
     Training configs call this so token shards appear on demand. The manifest records the tokenizer (a hash
     of its config and weights), the sizes and the input spec; a folder made any other way is an error rather
-    than silently reused (a retrained tokenizer needs fresh tokens)."""
-    manifest = os.path.join(out, MANIFEST_NAME)
+    than silently reused (a retrained tokenizer needs fresh tokens). Safe when several runs ask at once (one
+    encodes, the others wait and reuse it; see data/generated.py)."""
     wanted = {
         "tokenizer_sha256": tokenizer_hash(tokenizer),
         "sizes": [int(s) for s in sizes],
         "shards": shards_spec,
     }
-    if os.path.isfile(manifest):
-        with open(manifest) as f:
-            found = json.load(f)
-        if found != wanted:
-            raise ValueError(
-                f"{out} holds tokens made with {found}, not {wanted}: delete it or change the output folder"
-            )
-        return output_spec(shards_spec, out)
-    spec, written, skipped = pretokenize(shards_spec, tokenizer, sizes, out, batch_size, device)
-    print(f"pre-tokenized {written} images into {out} ({skipped} corrupt samples skipped)")
-    with open(manifest, "w") as f:
-        json.dump(wanted, f, indent=1)
+    text = dict(text_encoder=text_encoder, text_dtype=text_dtype, text_max_length=text_max_length)
+    if text_encoder is not None:  # the T5 folder's fingerprint and how captions were encoded
+        wanted["text_encoder"] = {
+            "sha256": t5_fingerprint(text_encoder),
+            "dtype": str(resolve_dtype(text_dtype)),
+            "max_length": text_max_length,
+        }
+
+    spec = output_spec(shards_spec, out)
+
+    def encode(folder: str) -> None:
+        _, written, skipped = pretokenize(shards_spec, tokenizer, sizes, folder, batch_size, device, **text)
+        print(f"pre-tokenized {written} images into {out} ({skipped} corrupt samples skipped)")
+
+    ensure_generated(out, MANIFEST_NAME, wanted, encode, "tokens")
     return spec
 
 
@@ -243,13 +272,36 @@ def add_pretokenize_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--out", required=True, help="output directory (shards keep their file names)")
     parser.add_argument("--batch-size", type=int, default=64, help="images per VQ encoder call")
-    parser.add_argument("--device", default="cpu", help="torch device of the VQ encoder")
+    parser.add_argument("--device", default="cpu", help="torch device of the VQ (and T5) encoder")
+    parser.add_argument(
+        "--text-encoder",
+        default=None,
+        help=f"FLAN-T5 folder: also store each caption's T5 features ({FEATURES_MEMBER}; LlamaGen t2i)",
+    )
+    parser.add_argument("--text-dtype", default="float32", help="T5 dtype: float32, bf16 (LlamaGen) or fp16")
+    parser.add_argument(
+        "--text-max-length", type=int, default=T5_MAX_LENGTH, help="caption tokens kept (LlamaGen: 120)"
+    )
+    parser.add_argument(
+        "--allow-pipe",
+        action="store_true",
+        help="accept pipe: shard URLs (webdataset runs them as shell commands)",
+    )
 
 
 def run_pretokenize(args: argparse.Namespace) -> int:
     try:
         spec, written, skipped = pretokenize(
-            args.shards, args.tokenizer, args.sizes, args.out, args.batch_size, args.device
+            args.shards,
+            args.tokenizer,
+            args.sizes,
+            args.out,
+            args.batch_size,
+            args.device,
+            args.allow_pipe,
+            text_encoder=args.text_encoder,
+            text_dtype=args.text_dtype,
+            text_max_length=args.text_max_length,
         )
     except (ValueError, FileNotFoundError) as error:
         raise SystemExit(f"mulo-data pretokenize: {error}") from None

@@ -25,7 +25,6 @@ positions)` writes tokens at grid positions and returns the guided next-token lo
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +34,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from mulo_sd.io import Pretrained
+from mulo_sd.official import OfficialCheckpoint, read_official
+from mulo_sd.official_configs import check_gpt_config, gpt_fields
 from mulo_sd.slot_cache import DecodeState, check_step, visible_slots
 
 CONDITIONS = ("words", "t5", "class", "tatok")
@@ -44,6 +45,11 @@ POSITIONS = ("rope2d", "rope1d", "absolute")
 # prefix values (fine for contextual T5 features). 'identity' leaves them unrotated, so attention can pick
 # words by content, which word-embedding captions need to bind colours to shapes.
 PREFIX_ROTATIONS = ("zero", "identity")
+OFFICIAL_GPT_SOURCES = (
+    "download the official checkpoint and pass its local path (LlamaGen t2i: t2i_XL_stage1_256.pt / "
+    "t2i_XL_stage2_512.pt from huggingface.co/peizesun/llamagen_t2i; Tar AR-DTok: "
+    "ar_dtok_lp_{256,512,1024}px.pth from huggingface.co/csuhan/TA-Tok)"
+)
 
 
 @dataclass
@@ -541,21 +547,50 @@ class GPT(nn.Module, Pretrained):
     # ---- official checkpoints ---------------------------------------------------------------------
 
     @classmethod
-    def from_official(cls, path: str | Path, config: GPTConfig, device: str | torch.device = "cpu") -> GPT:
-        """Load a LlamaGen (`{"model": state_dict}`, e.g. t2i_XL_stage1_256.pt) or Tar AR-DTok
-        (`{"model": {"name", "args", "sd"}}`, e.g. ar_dtok_lp_256px.pth) checkpoint into `GPT(config)`."""
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(
-                f"{path} not found: download the official checkpoint and pass its local path "
-                "(LlamaGen t2i: t2i_XL_stage1_256.pt / t2i_XL_stage2_512.pt from "
-                "huggingface.co/peizesun/llamagen_t2i; Tar AR-DTok: ar_dtok_lp_{256,512,1024}px.pth from "
-                "huggingface.co/csuhan/TA-Tok)"
-            )
-        # LlamaGen training checkpoints also pickle their argparse arguments: allow that one plain class
-        with torch.serialization.safe_globals([argparse.Namespace]):
-            checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-        state = _official_state_dict(checkpoint, path)
+    def from_official(
+        cls,
+        path: str | Path | OfficialCheckpoint,
+        config: GPTConfig | None = None,
+        device: str | torch.device = "cpu",
+        *,
+        weights: str = "model",
+        trust_pickle: bool = False,
+        **settings,
+    ) -> GPT:
+        """Load a LlamaGen GPT file (t2i or c2i: `{"model": state_dict, ...}`, e.g. t2i_XL_stage1_256.pt or a
+        training checkpoint with its `args`) or a Tar AR-DTok one (`{"model": {"name", "args", "sd"}}`, e.g.
+        ar_dtok_lp_256px.pth), by path or as an `OfficialCheckpoint` already read. File reading, safe
+        unpickling and `trust_pickle`: mulo_sd/official.py.
+
+        config None: the config is read from the file (official_configs.gpt_fields): its stored training
+        settings, else `settings` (LlamaGen: model_size, image_size, downsample_size, cls_token_num,
+        num_classes, n_head; Tar: model_size, cls_token_num, max_seq_len, cond_len, n_head), else the weights'
+        shapes. A given config must agree with the settings the file stores.
+        weights: "model" (what LlamaGen's sample scripts load) or "ema".
+
+        LlamaGen's t2i `uncond_embedding` has 120 rows whatever cls_token_num is (CaptionEmbedder's
+        token_num); its prefix is `cls_embedding(caption)[:, :cls_token_num]`, a per-row projection, so only
+        the first cls_token_num rows ever act. Those are the rows kept.
+        """
+        if isinstance(path, OfficialCheckpoint):  # already read (mulo-convert reads it once)
+            checkpoint = path
+        else:
+            checkpoint = read_official(path, trust_pickle=trust_pickle, missing_hint=OFFICIAL_GPT_SOURCES)
+        path = checkpoint.path
+        checkpoint.expect("llamagen-gpt", "tar-ar-dtok")
+        state = dict(checkpoint.weights(weights))
+        if config is None:
+            config = GPTConfig(**gpt_fields(checkpoint, state, **settings).values)
+        elif settings:
+            raise TypeError(f"pass either a config or settings {sorted(settings)}, not both")
+        else:
+            check_gpt_config(config, checkpoint)
+        uncond = "cls_embedding.uncond_embedding"
+        if config.cond_type == "t5" and uncond in state:
+            if state[uncond].shape[0] < config.cond_len:
+                rows = state[uncond].shape[0]
+                raise ValueError(f"{path}: {uncond} has {rows} rows, fewer than cond_len {config.cond_len}")
+            state[uncond] = state[uncond][: config.cond_len]
         model = cls(config)
         expected = model.state_dict()
         missing = sorted(set(expected) - set(state))
@@ -574,21 +609,6 @@ class GPT(nn.Module, Pretrained):
             )
         model.load_state_dict(state, strict=True)
         return model.to(device).eval()
-
-
-def _official_state_dict(checkpoint, path: Path) -> dict[str, torch.Tensor]:
-    if isinstance(checkpoint, dict):
-        model = checkpoint.get("model")
-        if isinstance(model, dict) and isinstance(model.get("sd"), dict):  # Tar: models.make spec
-            return model["sd"]
-        for key in ("model", "module", "state_dict"):  # LlamaGen: DDP, DeepSpeed, Lightning-style
-            if isinstance(checkpoint.get(key), dict):
-                return checkpoint[key]
-    top = sorted(checkpoint)[:10] if isinstance(checkpoint, dict) else type(checkpoint).__name__
-    raise ValueError(
-        f"{path} is neither a LlamaGen checkpoint ({{'model': state_dict}}) nor a Tar AR-DTok one "
-        f"({{'model': {{'sd': state_dict}}}}); top level: {top}"
-    )
 
 
 def _check_range(ids: torch.Tensor, size: int, name: str) -> None:

@@ -9,7 +9,6 @@ Shapes: images [B,3,H,W] in [-1,1]; ids int64 [B,h,w] with h = H / downsample_fa
 
 from __future__ import annotations
 
-import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,6 +17,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from mulo_sd.io import Pretrained
+from mulo_sd.official import OfficialCheckpoint, read_official
+from mulo_sd.official_configs import vq_fields
 
 USAGE_WINDOW = 65536  # length of LlamaGen's `codebook_used` buffer: ids of the last 65536 quantised vectors
 ENTROPY_TEMPERATURE = 0.01  # LlamaGen's softmax temperature for the entropy loss
@@ -398,28 +399,36 @@ class VQModel(nn.Module, Pretrained):
 
     @classmethod
     def from_official(
-        cls, path: str | Path, device: str | torch.device = "cpu", **config_overrides
+        cls,
+        path: str | Path | OfficialCheckpoint,
+        device: str | torch.device = "cpu",
+        *,
+        weights: str = "model",
+        trust_pickle: bool = False,
+        **config_overrides,
     ) -> VQModel:
-        """Load a LlamaGen VQ checkpoint (`torch.save({"model": state_dict})`, e.g. vq_ds16_t2i.pt).
+        """Load a LlamaGen VQ file (`{"model": state_dict, ...}`, e.g. vq_ds16_t2i.pt, or a training
+        checkpoint with its "ema" weights and `args`), by path or as an `OfficialCheckpoint` already read.
+        File reading, safe unpickling and `trust_pickle`: mulo_sd/official.py.
 
-        The config is `VQConfig.llamagen_ds16(**config_overrides)`; pass e.g. the ds8 channel multipliers or
-        another codebook size for other LlamaGen tokenizers. Save the result with `save_pretrained`."""
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(
-                f"{path} not found: download LlamaGen's VQ checkpoint (vq_ds16_t2i.pt from the LlamaGen "
-                f"release) and pass its path; nothing is downloaded at run time"
+        The config comes from the file (official_configs.vq_fields): the architecture from the weights'
+        shapes, the quantiser's settings from its stored training args, then `config_overrides` (VQConfig
+        fields, e.g. norm_groups). weights: "model" (what LlamaGen's sample scripts load) or "ema".
+        Save the result with `save_pretrained`."""
+        if isinstance(path, OfficialCheckpoint):  # already read (mulo-convert reads it once)
+            checkpoint = path
+        else:
+            checkpoint = read_official(
+                path,
+                trust_pickle=trust_pickle,
+                missing_hint="download LlamaGen's VQ checkpoint (vq_ds16_t2i.pt from the LlamaGen release) "
+                "and pass its path; nothing is downloaded at run time",
             )
-        try:
-            checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-        except pickle.UnpicklingError as err:
-            raise ValueError(
-                f"{path} holds objects other than tensors, so it is not loaded (weights_only=True). If you "
-                f"trust the file, keep only its weights: torch.save({{'model': torch.load(path, "
-                f"weights_only=False)['model']}}, path). Cause: {err}"
-            ) from err
-        state = official_state_dict(checkpoint, path)
-        model = cls(VQConfig.llamagen_ds16(**config_overrides))
+        path = checkpoint.path
+        checkpoint.expect("llamagen-vq")
+        state = checkpoint.weights(weights)
+        config = VQConfig(**vq_fields(checkpoint, state, **config_overrides).values)
+        model = cls(config)
         expected = model.state_dict()
         missing = sorted(set(expected) - set(state))
         unexpected = sorted(set(state) - set(expected))
@@ -437,19 +446,3 @@ class VQModel(nn.Module, Pretrained):
             )
         model.load_state_dict(state)
         return model.to(device).eval()
-
-
-def official_state_dict(checkpoint: object, path: Path) -> dict[str, torch.Tensor]:
-    """The state dict inside a LlamaGen checkpoint: under "ema", "model" or "state_dict" (LlamaGen's own
-    order of preference), or the file itself when it is a bare state dict."""
-    if isinstance(checkpoint, dict):
-        for wrapper in ("ema", "model", "state_dict"):
-            if isinstance(checkpoint.get(wrapper), dict):
-                return checkpoint[wrapper]
-        if checkpoint and all(isinstance(v, torch.Tensor) for v in checkpoint.values()):
-            return checkpoint
-        raise ValueError(
-            f"{path}: no state dict found under 'ema', 'model' or 'state_dict' "
-            f"(top-level keys: {list(checkpoint)[:8]})"
-        )
-    raise ValueError(f"{path} holds a {type(checkpoint).__name__}, not a checkpoint dict")

@@ -1,12 +1,11 @@
 """GPT: slot-cache decoding equals the full forward, official checkpoints load, bad input is refused."""
 
-import argparse
-
 import pytest
 import torch
 
 from mulo_sd.gpt import GPT, GPTConfig
 from mulo_sd.sampling import guide
+from tests.official_fixtures import CAPTION_DIM, CODEBOOK, GPT_DIM, GPT_HEADS, GPT_LAYERS, write_llamagen_gpt
 
 GRID = (3, 4)  # not square, so rows and columns of the 2-D RoPE cannot be swapped unnoticed
 VOCAB = 64
@@ -296,19 +295,32 @@ def official_state(config, names):
     return state
 
 
-def test_llamagen_t2i_checkpoint_loads(tmp_path):
-    config = make_config("t5", "rope2d", n_kv_head=None, cond_len=5)
-    state = official_state(config, LLAMAGEN_T2I_KEYS)
-    assert state["layers.0.attention.wqkv.weight"].shape == (3 * 32, 32)
-    assert state["cls_embedding.uncond_embedding"].shape == (5, 12)
-    path = tmp_path / "t2i_tiny.pt"
-    torch.save({"model": state, "steps": 7, "args": argparse.Namespace(gpt_model="GPT-XL")}, path)
-    loaded = GPT.from_official(path, config).double()
-    expected = make_model(config, seed=5)
-    cond, tokens = make_cond(config, 2), random_tokens(2)
-    want = decode_one_by_one(expected, expected.start(cond, 4.0), tokens)
-    got = decode_one_by_one(loaded, loaded.start(cond, 4.0), tokens)
-    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)  # the checkpoint holds float32 weights
+@pytest.mark.parametrize("image_size, cls_token_num", [(32, 120), (64, 7)])
+def test_llamagen_t2i_checkpoint_loads(tmp_path, image_size, cls_token_num):
+    """A train_t2i.py checkpoint loads with its stored args. Its uncond_embedding has 120 rows whatever
+    --cls-token-num was; LlamaGen's prefix is cls_embedding(caption)[:, :cls_token_num], so the first rows
+    act and are the ones kept."""
+    path = tmp_path / "t2i.pt"
+    state = write_llamagen_gpt(path, image_size, cls_token_num)
+    uncond = state["cls_embedding.uncond_embedding"]
+    assert uncond.shape == (120, CAPTION_DIM)
+    loaded = GPT.from_official(path, n_head=GPT_HEADS)  # the tiny size is not in LlamaGen's table
+    grid = image_size // 16
+    expected = dict(
+        grid_size=(grid, grid), cond_len=cls_token_num, cond_type="t5", caption_dim=CAPTION_DIM,
+        position="rope2d", dim=GPT_DIM, n_layer=GPT_LAYERS, n_head=GPT_HEADS, n_kv_head=None,
+        vocab_size=CODEBOOK,
+    )  # fmt: skip
+    assert {name: getattr(loaded.config, name) for name in expected} == expected
+    loaded_state = loaded.state_dict()
+    assert torch.equal(loaded_state["cls_embedding.uncond_embedding"], uncond[:cls_token_num])
+    assert all(
+        torch.equal(loaded_state[k], v) for k, v in state.items() if k != "cls_embedding.uncond_embedding"
+    )
+    with torch.no_grad():  # the unconditional prefix, computed LlamaGen's way from all 120 rows
+        want = loaded.cls_embedding.cap_proj(uncond)[:cls_token_num]
+        got = loaded._embed_condition(torch.zeros(1, cls_token_num, CAPTION_DIM), torch.tensor([True]))[0]
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
 
 
 def test_llamagen_c2i_checkpoint_loads(tmp_path):
@@ -325,7 +337,7 @@ def test_tar_ar_dtok_checkpoint_loads(tmp_path):
     config = make_config("tatok", "absolute", n_kv_head=None, n_positions=3 + 12 - 1)
     state = official_state(config, TAR_KEYS)
     assert state["abs_pe"].shape == (1, 14, 32)  # max_seq_len + cls_token_num - 1 rows, as Tar builds it
-    spec = {"name": "llama-abs-LP", "args": {"cls_token_num": 3, "max_seq_len": 12}, "sd": state}
+    spec = {"name": "llama-abs-tiny", "args": {"cls_token_num": 3, "max_seq_len": 12}, "sd": state}
     torch.save({"model": spec}, tmp_path / "ar_dtok_tiny.pth")
     loaded = GPT.from_official(tmp_path / "ar_dtok_tiny.pth", config).double()
     expected = make_model(config, seed=5)
@@ -357,14 +369,14 @@ def test_official_loader_refuses_other_architectures(tmp_path):
         GPT.from_official(tmp_path / "t2i_XL_stage1_256.pt", config)
     vq = {"encoder.conv_in.weight": torch.zeros(4, 3, 3, 3), "quantize.embedding.weight": torch.zeros(16, 8)}
     torch.save({"model": vq}, tmp_path / "vq.pt")
-    with pytest.raises(ValueError, match=r"missing \(\d+\).*\n.*unexpected \(2\).*quantize.embedding.weight"):
+    with pytest.raises(ValueError, match=r"holds a LlamaGen VQ tokenizer .*`mulo-convert llamagen-vq`"):
         GPT.from_official(tmp_path / "vq.pt", config)
     wider = official_state(make_config("t5", n_kv_head=None, dim=48, n_head=4), LLAMAGEN_T2I_KEYS)
     torch.save({"model": wider}, tmp_path / "wider.pt")
     with pytest.raises(ValueError, match=r"tok_embeddings.weight: checkpoint \[64, 48\] vs model \[64, 32\]"):
         GPT.from_official(tmp_path / "wider.pt", config)
     torch.save([1, 2], tmp_path / "list.pt")
-    with pytest.raises(ValueError, match="neither a LlamaGen checkpoint"):
+    with pytest.raises(ValueError, match="list.pt holds a list, not a checkpoint dict"):
         GPT.from_official(tmp_path / "list.pt", config)
 
 

@@ -1,12 +1,15 @@
+import concurrent.futures
 import io
 import json
 import os
+import time
 
 import numpy as np
 import pytest
 import webdataset as wds
+from mulo_sd.data import pretokenize as pretokenize_module
 from mulo_sd.data.cli import main, synthscenes_sample
-from mulo_sd.data.pretokenize import MANIFEST_NAME, ensure_pretokenized, output_spec
+from mulo_sd.data.pretokenize import MANIFEST_NAME, ensure_pretokenized, output_spec, pretokenize
 from mulo_sd.data.shards import write_shards
 from mulo_sd.training.datamodule import center_crop, to_tensor
 from PIL import Image
@@ -111,3 +114,40 @@ def test_bad_arguments_are_refused(tmp_path, vq_folder, image_shards):
         main([*args[:3], "--tokenizer", str(tmp_path), "--out", str(tmp_path / "t"), "--sizes", "32"])
     with pytest.raises(ValueError, match="braces in its directory"):
         output_spec("shards/{a,b}/img-000000.tar", "out")
+
+
+@pytest.mark.filterwarnings("ignore:skipped sample")
+def test_concurrent_ensure_pretokenized_encodes_once(tmp_path, vq_folder, image_shards, monkeypatch):
+    spec, _ = image_shards
+    single, _, _ = pretokenize(spec, vq_folder, SIZES, str(tmp_path / "single"))
+    encode = pretokenize_module.pretokenize
+    calls = []
+
+    def slow_encode(*args, **kwargs):  # slow enough that the second thread asks while the first encodes
+        calls.append(args)
+        time.sleep(0.5)
+        return encode(*args, **kwargs)
+
+    monkeypatch.setattr(pretokenize_module, "pretokenize", slow_encode)
+    out = str(tmp_path / "cache" / "tokens")
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        runs = [pool.submit(ensure_pretokenized, spec, vq_folder, SIZES, out) for _ in range(2)]
+        assert [run.result() for run in runs] == [output_spec(spec, out)] * 2
+    assert len(calls) == 1
+    tars = ["img-000000.tar", "img-000001.tar"]
+    assert [(tmp_path / "cache" / "tokens" / name).read_bytes() for name in tars] == [
+        (tmp_path / "single" / name).read_bytes() for name in tars
+    ]
+    assert sorted(os.listdir(tmp_path / "cache")) == [".tokens.lock", "tokens"]
+
+
+@pytest.mark.filterwarnings("ignore:skipped sample")
+def test_pipe_shards_need_allow_pipe(tmp_path, vq_folder, image_shards, capsys):
+    spec, _ = image_shards
+    first = spec.replace("{000000..000001}", "000000")
+    args = ["pretokenize", "--shards", f"pipe:cat {first}", "--tokenizer", vq_folder, "--sizes", "32"]
+    args += ["--out", str(tmp_path / "tokens")]
+    with pytest.raises(SystemExit, match="has 1 pipe: URLs.*--allow-pipe"):
+        main(args)
+    assert main([*args, "--allow-pipe"]) == 0
+    assert "tokenized 2 images at 32 px; skipped 1 corrupt samples" in capsys.readouterr().out

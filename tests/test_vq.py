@@ -1,9 +1,8 @@
-import argparse
-
 import pytest
 import torch
 
 from mulo_sd.vq import VQConfig, VQModel
+from tests.official_fixtures import write_llamagen_vq
 
 TINY = dict(
     codebook_size=256,
@@ -198,12 +197,32 @@ def test_official_checkpoint_loads(tmp_path):
     assert torch.equal(loaded.decode(ids), source.decode(ids))
 
 
-@pytest.mark.parametrize("wrap", [lambda sd: {"ema": sd, "model": {}}, lambda sd: {"state_dict": sd}, dict])
+@pytest.mark.parametrize("wrap", [dict, lambda sd: {"state_dict": sd}, lambda sd: {"module": sd}])
 def test_official_wrappers(tmp_path, wrap):
     vq = tiny()
     torch.save(wrap(vq.state_dict()), tmp_path / "vq.pt")
     loaded = VQModel.from_official(tmp_path / "vq.pt", **TINY)
     assert torch.equal(loaded.codebook, vq.codebook)
+
+
+def test_official_weights_choice(tmp_path):
+    """LlamaGen's sample scripts load "model"; "ema" is a choice; asking for a set the file lacks fails."""
+    path = tmp_path / "vq_train.pt"
+    model_state = write_llamagen_vq(path, ema=True)
+    checkpoint = torch.load(path, weights_only=False)
+    default, ema = VQModel.from_official(path), VQModel.from_official(path, weights="ema")
+    for key in ("quantize.embedding.weight", "decoder.conv_out.weight"):
+        assert torch.equal(default.state_dict()[key], model_state[key])
+        assert torch.equal(ema.state_dict()[key], checkpoint["ema"][key])
+        assert not torch.equal(ema.state_dict()[key], model_state[key])
+    config = default.config  # read off the shapes and the stored args
+    expected = dict(ch=32, z_channels=32, encoder_ch_mult=[1, 1, 2, 2, 4], num_res_blocks=2, codebook_size=64)
+    assert {name: getattr(config, name) for name in expected} == expected
+    write_llamagen_vq(tmp_path / "release.pt", args=False)
+    with pytest.raises(ValueError, match=r"release.pt has no 'ema' weights; it holds \['model'\]"):
+        VQModel.from_official(tmp_path / "release.pt", weights="ema")
+    with pytest.raises(ValueError, match="weights must be one of"):
+        VQModel.from_official(path, weights="swa")
 
 
 def test_official_checkpoint_errors(tmp_path):
@@ -221,9 +240,9 @@ def test_official_checkpoint_errors(tmp_path):
         VQModel.from_official(tmp_path / "tiny.pt", **{**TINY, "codebook_size": 512})
 
     torch.save({"steps": 3}, tmp_path / "no_weights.pt")
-    with pytest.raises(ValueError, match="no state dict found under 'ema', 'model' or 'state_dict'"):
+    with pytest.raises(ValueError, match=r"no weights under \['model', 'module', 'state_dict', 'ema'\]"):
         VQModel.from_official(tmp_path / "no_weights.pt", **TINY)
 
-    torch.save({"model": tiny().state_dict(), "args": argparse.Namespace(lr=1)}, tmp_path / "pickled.pt")
-    with pytest.raises(ValueError, match="holds objects other than tensors"):
-        VQModel.from_official(tmp_path / "pickled.pt", **TINY)
+    write_llamagen_vq(tmp_path / "l2.pt", args_overrides={"codebook_l2_norm": False})
+    with pytest.raises(ValueError, match=r"l2_norm=True disagrees with .* args\.codebook_l2_norm=False"):
+        VQModel.from_official(tmp_path / "l2.pt", codebook_l2_norm=True)
