@@ -60,8 +60,8 @@ def test_training_run_logs_exports_and_reloads(tmp_path, vq_folder):
         assert any(row.get(name) for row in rows), name
     assert (tmp_path / "run" / "csv" / "samples" / "step000003.png").is_file()
 
-    checkpoint = tmp_path / "run" / "checkpoints" / "last.ckpt"  # our own file: it may hold numpy RNG state
-    trained = ARLightning.load_from_checkpoint(checkpoint, weights_only=False).gpt.eval()
+    checkpoint = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    trained = ARLightning.load_from_checkpoint(checkpoint, weights_only=True).gpt.eval()
     exported = GPT.from_pretrained(tmp_path / "gpt")
     assert exported.output.weight.abs().sum() > 0  # trained: the output head starts at zero
     tokens = torch.randint(0, 64, (2, 256))
@@ -129,7 +129,7 @@ def test_ema_follows_the_weights_and_is_exported(tmp_path):
     with torch.no_grad():
         for p in module.gpt.parameters():
             p.add_(1.0)
-    module.on_train_batch_end(None, None, 0)
+    module.update_ema()
     for old, new, live in zip(before, module.ema_gpt.parameters(), module.gpt.parameters(), strict=True):
         torch.testing.assert_close(new, 0.75 * old + 0.25 * live)
     exported = GPT.from_pretrained(module.export(tmp_path / "gpt"))
@@ -188,9 +188,9 @@ def test_a_run_ends_on_its_final_step_between_intervals(tmp_path, vq_folder):
     metrics = run(compose_train_config(tmp_path, overrides))
     checkpoints = tmp_path / "run" / "checkpoints"
     assert sorted(p.name for p in checkpoints.iterdir()) == ["last.ckpt", "step000002.ckpt"]
-    last = torch.load(checkpoints / "last.ckpt", map_location="cpu", weights_only=False)
+    last = torch.load(checkpoints / "last.ckpt", map_location="cpu", weights_only=True)
     assert last["global_step"] == 3
-    trained = ARLightning.load_from_checkpoint(checkpoints / "last.ckpt", weights_only=False).gpt
+    trained = ARLightning.load_from_checkpoint(checkpoints / "last.ckpt", weights_only=True).gpt
     exported = GPT.from_pretrained(tmp_path / "gpt")
     torch.testing.assert_close(exported.state_dict(), trained.state_dict(), rtol=0, atol=0)
     with open(tmp_path / "run" / "csv" / "metrics.csv") as f:

@@ -18,6 +18,8 @@ import lightning as L
 import torch
 import torchvision
 from lightning.pytorch.loggers import WandbLogger
+from mulo_sd.training.accumulation import ends_accumulation
+from mulo_sd.training.checkpoints import config_node
 from mulo_sd.training.losses import token_accuracy, token_cross_entropy
 from mulo_sd.training.optim import adamw, warmup_cosine_schedule
 from omegaconf import DictConfig, OmegaConf
@@ -101,6 +103,7 @@ class ARLightning(L.LightningModule):
         anything else that differs is an error."""
         super().__init__()
         self.save_hyperparameters()
+        gpt, optim, loss, samples = (config_node(c) for c in (gpt, optim, loss, samples))
         config = GPTConfig(**OmegaConf.to_container(gpt, resolve=True))
         check_word_condition(config)
         if tokenizer is not None:
@@ -199,8 +202,12 @@ class ARLightning(L.LightningModule):
         self.log("loss", loss.detach(), prog_bar=True, logger=False, batch_size=grid.shape[0])
         return loss
 
-    @torch.no_grad()
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
+        if ends_accumulation(self.trainer):  # the optimiser stepped (trainer.accumulate_grad_batches)
+            self.update_ema()
+
+    @torch.no_grad()
+    def update_ema(self) -> None:
         if self.ema_gpt is None:
             return
         for ema_param, param in zip(self.ema_gpt.parameters(), self.gpt.parameters(), strict=True):

@@ -60,4 +60,8 @@ class FinalStep(L.Callback):
         for callback in trainer.checkpoint_callbacks:
             # save_last="link": last.ckpt points at a step file, which writing through it would overwrite
             if callback.save_last is True and callback.dirpath:
-                trainer.save_checkpoint(Path(callback.dirpath) / f"{callback.CHECKPOINT_NAME_LAST}.ckpt")
+                path = Path(callback.dirpath) / f"{callback.CHECKPOINT_NAME_LAST}.ckpt"
+                # ModelCheckpoint's own on_train_end, after this one, writes last.ckpt when it saved nothing
+                # in this fit: knowing the file as its own, it rewrites it rather than adding last-v1.ckpt
+                callback.last_model_path = str(path)
+                trainer.save_checkpoint(path)

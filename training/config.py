@@ -2,15 +2,21 @@
 
 The configs ship inside the package (`mulo_sd.conf`), and every path they name by default resolves through the
 package or a per-user cache, never through the working directory, so the commands run from any folder:
-- `${testbed:vq}`: the folder of a packaged testbed model (mulo_sd/assets/testbed/vq);
+- `${testbed:vq}`: the folder of a packaged testbed model (mulo_sd/assets/testbed/vq); `${testbed:}` the
+  testbed folder itself (conf/models/testbed.yaml);
 - `${cache_dir:data}`: a folder under the user's cache for generated data, shared by runs started anywhere:
   $MULO_SD_CACHE, else $XDG_CACHE_HOME/mulo-sd, else ~/.cache/mulo-sd.
+- `${job_or_time:%Y-%m-%d_%H-%M-%S}` (the default run folder's name): $SLURM_JOB_ID inside a SLURM job, so
+  every rank of a multi-node run, each started at its own time, writes to the same folder (and a requeued job
+  finds its checkpoints again); elsewhere the current time in that format and the pid, so runs started in the
+  same second get folders of their own.
 Importing this module registers the resolvers; it does not import Lightning.
 """
 
 from __future__ import annotations
 
 import os
+from datetime import datetime
 from pathlib import Path
 
 import mulo_sd.conf
@@ -30,8 +36,11 @@ def cache_dir(sub: str = "") -> str:
     return os.path.join(root, sub) if sub else root
 
 
-def testbed_model(name: str) -> str:
-    """The packaged testbed model folder `name`; an unknown name is an error listing the known ones."""
+def testbed_model(name: str = "") -> str:
+    """The packaged testbed model folder `name` (`${testbed:}`: the testbed folder itself); an unknown name is
+    an error listing the known ones."""
+    if not name:
+        return str(TESTBED_DIR)
     folder = TESTBED_DIR / name
     if not folder.is_dir():
         known = sorted(p.name for p in TESTBED_DIR.iterdir() if p.is_dir())
@@ -41,6 +50,12 @@ def testbed_model(name: str) -> str:
     return str(folder)
 
 
-for _name, _resolver in (("testbed", testbed_model), ("cache_dir", cache_dir)):
+def job_or_time(pattern: str) -> str:
+    """$SLURM_JOB_ID when set, else the current time formatted by `pattern` and the pid (module docstring)."""
+    return os.environ.get("SLURM_JOB_ID") or f"{datetime.now().strftime(pattern)}_{os.getpid()}"
+
+
+for _name, _resolver in (("testbed", testbed_model), ("cache_dir", cache_dir), ("job_or_time", job_or_time)):
     if not OmegaConf.has_resolver(_name):
-        OmegaConf.register_new_resolver(_name, _resolver)
+        # cached like Hydra's ${now:}: a config resolved twice names one folder
+        OmegaConf.register_new_resolver(_name, _resolver, use_cache=_name == "job_or_time")

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
+from mulo_sd.training.checkpoints import config_node
 from mulo_sd.training.frozen import frozen
 from mulo_sd.training.optim import adamw, warmup_cosine_schedule
 from omegaconf import DictConfig, OmegaConf
@@ -43,6 +44,7 @@ class SceneEvalLightning(L.LightningModule):
     ):
         super().__init__()
         self.save_hyperparameters()
+        net, loss, optim = config_node(net), config_node(loss), config_node(optim)
         self.model = SceneEval(SceneEvalConfig(**OmegaConf.to_container(net, resolve=True)))
         if not 0.0 <= reconstruct_prob <= 1.0:
             raise ValueError(f"reconstruct_prob must lie in [0, 1], got {reconstruct_prob}")
@@ -72,7 +74,9 @@ class SceneEvalLightning(L.LightningModule):
 
     @torch.no_grad()
     def round_trip(self, images: torch.Tensor) -> torch.Tensor:
-        return self.tokenizer.decode(self.tokenizer.encode(images)).clamp(-1, 1)
+        # float32 under bf16-mixed too: the ids of pre-tokenisation, and a result that fits the float32 batch
+        with torch.autocast(device_type=images.device.type, enabled=False):
+            return self.tokenizer.decode(self.tokenizer.encode(images.float())).clamp(-1, 1)
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         images = batch[self.image_key]

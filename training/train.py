@@ -8,8 +8,13 @@ from pathlib import Path
 import hydra
 import lightning as L
 from lightning.pytorch.loggers import WandbLogger
+from mulo_sd.training.accumulation import manual_accumulation
 from mulo_sd.training.callbacks import FinalStep
+from mulo_sd.training.checkpoints import weights_only_loading
 from mulo_sd.training.config import CONFIG_DIR
+from mulo_sd.training.preemption import stop_on_signals
+from mulo_sd.training.run_folder import holding
+from mulo_sd.training.wandb_resume import continue_wandb_run
 from omegaconf import DictConfig, OmegaConf
 
 log = logging.getLogger(__name__)
@@ -40,7 +45,8 @@ def prepare_data(data_cfg: DictConfig) -> DictConfig:
 
         outs = {split: pretokenize.pop(split)["out"] for split in ("train", "val")}
         for split, out in outs.items():
-            data[f"{split}_shards"] = ensure_pretokenized(data[f"{split}_shards"], out=out, **pretokenize)
+            if data.get(f"{split}_shards"):  # no val_shards: no validation set to tokenise
+                data[f"{split}_shards"] = ensure_pretokenized(data[f"{split}_shards"], out=out, **pretokenize)
     return OmegaConf.create(data)
 
 
@@ -58,30 +64,47 @@ def strategy_for(trainer: DictConfig, model: L.LightningModule) -> dict:
 
 
 def run(cfg: DictConfig) -> dict[str, float]:
-    """Train (or resume) the configured model; export it when `cfg.export` is set. Returns final metrics."""
+    """Train (or resume) the configured model; export it when `cfg.export` is set. Returns final metrics.
+    The run folder stays locked against a second run meanwhile (training/run_folder.py)."""
+    with holding(cfg.paths.output_dir):
+        return train(cfg)
+
+
+def train(cfg: DictConfig) -> dict[str, float]:
+    """`run` in its locked run folder."""
+    # checkpoints load with torch.load(weights_only=True) unless trusted, so one cannot run code; an older
+    # file that needs more is an error naming trust_checkpoint (training/checkpoints.py)
+    weights_only = weights_only_loading(cfg.get("ckpt_path"), cfg.get("trust_checkpoint", False))
     L.seed_everything(cfg.seed, workers=True)
     datamodule = hydra.utils.instantiate(prepare_data(cfg.data))
     model = hydra.utils.instantiate(cfg.model, loss=cfg.loss, _recursive_=False)
+    callbacks = instantiate_group(cfg.get("callbacks"))
+    # a manually optimised module accumulates itself: the Trainer gets N only after Lightning's check
+    accumulation = manual_accumulation(cfg.trainer, model)
+    # a resumed run continues the checkpoint's W&B run (training/wandb_resume.py)
+    loggers = instantiate_group(continue_wandb_run(cfg.get("logger"), cfg.get("ckpt_path"), weights_only))
     trainer: L.Trainer = hydra.utils.instantiate(
         cfg.trainer,
-        logger=instantiate_group(cfg.get("logger")) or False,
-        callbacks=instantiate_group(cfg.get("callbacks")),
+        logger=loggers or False,
+        callbacks=callbacks if accumulation is None else [*callbacks, accumulation],
         **strategy_for(cfg.trainer, model),
+        **({} if accumulation is None else {"accumulate_grad_batches": 1}),
     )
     hyperparameters = {k: v for k, v in OmegaConf.to_container(cfg, resolve=False).items() if k != "hydra"}
     hyperparameters = OmegaConf.to_container(OmegaConf.create(hyperparameters), resolve=True)
     for logger in trainer.loggers:
         logger.log_hyperparams(hyperparameters)
-    # weights_only=False: our checkpoints hold the NumPy RNG state (RandomStateCheckpoint), which torch's
-    # weights-only loading refuses; only resume from checkpoints you trust
     validated = {}
-    if cfg.get("validate_first"):
-        ckpt_path = cfg.get("ckpt_path")
-        validated = trainer.validate(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=False)[0]
-    trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"), weights_only=False)
-    final = next((c for c in trainer.callbacks if isinstance(c, FinalStep)), None)
-    if final and final.trained(trainer) and final.validated_step != trainer.global_step:
-        validated = trainer.validate(model, datamodule=datamodule)[0]  # the exported weights' metrics
+    with stop_on_signals(trainer):  # SIGTERM / SLURM's requeue signal: checkpoint, exit non-zero
+        if cfg.get("validate_first"):
+            ckpt_path = cfg.get("ckpt_path")
+            validated = trainer.validate(
+                model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=weights_only
+            )[0]
+        trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"), weights_only=weights_only)
+        final = next((c for c in trainer.callbacks if isinstance(c, FinalStep)), None)
+        if final and final.trained(trainer) and final.validated_step != trainer.global_step:
+            validated = trainer.validate(model, datamodule=datamodule)[0]  # the exported weights' metrics
     # fit starts its metrics afresh: a validation-only run (no steps left) keeps the validation's
     metrics = {k: float(v) for k, v in {**validated, **trainer.callback_metrics}.items()}
     if cfg.get("export") and trainer.is_global_zero:

@@ -1,5 +1,10 @@
 """LightningModule that trains the VQ tokenizer: pixel + perceptual + VQ losses and an optional PatchGAN,
-on every resolution the batch carries (the testbed tokenizes 128, 64 and 32 px images with one model)."""
+on every resolution the batch carries (the testbed tokenizes 128, 64 and 32 px images with one model).
+
+Optimisation is manual (generator and discriminator take turns); with `trainer.accumulate_grad_batches=N`
+both accumulate N micro-batches per step (training/accumulation.py), and the generator step counter, the
+schedule and the codebook restarts count steps. Per micro-batch: the random crop and the adaptive GAN weight.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,8 @@ from pathlib import Path
 
 import lightning as L
 import torch
+from mulo_sd.training.accumulation import ends_accumulation
+from mulo_sd.training.checkpoints import config_node
 from mulo_sd.training.losses import LPIPS, AdversarialLoss, PatchDiscriminator, pixel_loss
 from mulo_sd.training.optim import adamw, warmup_cosine_schedule
 from omegaconf import DictConfig, OmegaConf
@@ -22,6 +29,8 @@ def psnr(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 
 class VQLightning(L.LightningModule):
+    accumulates_gradients = True  # over trainer.accumulate_grad_batches micro-batches (training_step)
+
     def __init__(
         self,
         tokenizer: DictConfig,
@@ -33,6 +42,7 @@ class VQLightning(L.LightningModule):
     ):
         super().__init__()
         self.save_hyperparameters()
+        tokenizer, loss, optim = config_node(tokenizer), config_node(loss), config_node(optim)
         self.automatic_optimization = False  # generator and discriminator take turns
         self.vq = VQModel(VQConfig(**OmegaConf.to_container(tokenizer, resolve=True)))
         self.loss_cfg = loss
@@ -78,39 +88,51 @@ class VQLightning(L.LightningModule):
         optimizers = self.optimizers()
         g_opt, d_opt = (optimizers, None) if self.adversarial is None else optimizers
         step = int(self.generator_step)
+        # Gradients add up over the window's micro-batches, each loss scaled by 1/N; the optimisers step at
+        # its end, and DDP synchronises only then. toggle_model keeps the discriminator's weights out of the
+        # generator's backward, which would otherwise add to the discriminator's accumulating gradients.
+        stepping = ends_accumulation(self.trainer)
+        scale = 1.0 / self.trainer.accumulate_grad_batches
         logs, total, fakes, reals = {}, 0.0, [], []
-        for key in self.image_keys:
-            image = self.random_crop(batch[key])
-            recon, vq_losses = self.vq(image)
-            terms = {**self.reconstruction_loss(recon, image), **vq_losses}
-            if self.adversarial is not None:
-                rec = sum(terms.values())
-                terms["adv"], adv_logs = self.adversarial.generator_loss(
-                    recon, step, rec, self.vq.decoder.conv_out.weight
-                )
-                logs.update({f"train/{k}_{key}": v for k, v in adv_logs.items()})
-                fakes.append(recon.detach())
-                reals.append(image)
-            total = total + sum(terms.values())
-            logs.update({f"train/{k}_{key}": v.detach() for k, v in terms.items()})
-        g_opt.zero_grad(set_to_none=True)
-        self.manual_backward(total)
-        self.clip_gradients(g_opt, gradient_clip_val=self.optim_cfg.grad_clip, gradient_clip_algorithm="norm")
-        g_opt.step()
-        self.lr_schedulers().step()
+        with g_opt.toggle_model(sync_grad=stepping):
+            for key in self.image_keys:
+                image = self.random_crop(batch[key])
+                recon, vq_losses = self.vq(image)
+                terms = {**self.reconstruction_loss(recon, image), **vq_losses}
+                if self.adversarial is not None:
+                    rec = sum(terms.values())
+                    terms["adv"], adv_logs = self.adversarial.generator_loss(
+                        recon, step, rec, self.vq.decoder.conv_out.weight
+                    )
+                    logs.update({f"train/{k}_{key}": v for k, v in adv_logs.items()})
+                    fakes.append(recon.detach())
+                    reals.append(image)
+                total = total + sum(terms.values())
+                logs.update({f"train/{k}_{key}": v.detach() for k, v in terms.items()})
+            self.manual_backward(total * scale)
+        if stepping:
+            self.clip_gradients(
+                g_opt, gradient_clip_val=self.optim_cfg.grad_clip, gradient_clip_algorithm="norm"
+            )
+            g_opt.step()
+            g_opt.zero_grad(set_to_none=True)
+            self.lr_schedulers().step()
         if self.adversarial is not None and self.adversarial.active(step):
-            d_opt.zero_grad(set_to_none=True)
             d_total = 0.0
-            for real, fake in zip(reals, fakes, strict=True):
-                d_loss, d_logs = self.adversarial.discriminator_loss(real, fake, step)
-                d_total = d_total + d_loss
-                logs.update({f"train/{k}": v for k, v in d_logs.items()})
-            self.manual_backward(d_total)
-            d_opt.step()
-        self.generator_step += 1
-        if self.codebook_restart_every and int(self.generator_step) % self.codebook_restart_every == 0:
-            logs["train/codebook_restarted"] = float(self.restart_dead_codes(batch[self.image_keys[0]]))
-            logs["train/codebook_usage"] = self.vq.codebook_usage()
+            with d_opt.toggle_model(sync_grad=stepping):
+                for real, fake in zip(reals, fakes, strict=True):
+                    d_loss, d_logs = self.adversarial.discriminator_loss(real, fake, step)
+                    d_total = d_total + d_loss
+                    logs.update({f"train/{k}": v for k, v in d_logs.items()})
+                self.manual_backward(d_total * scale)
+            if stepping:
+                d_opt.step()
+                d_opt.zero_grad(set_to_none=True)
+        if stepping:
+            self.generator_step += 1
+            if self.codebook_restart_every and int(self.generator_step) % self.codebook_restart_every == 0:
+                logs["train/codebook_restarted"] = float(self.restart_dead_codes(batch[self.image_keys[0]]))
+                logs["train/codebook_usage"] = self.vq.codebook_usage()
         now = time.perf_counter()
         if self.last_step_time is not None:
             logs["train/samples_per_s"] = batch[self.image_keys[0]].shape[0] / (now - self.last_step_time)
