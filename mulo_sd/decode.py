@@ -1,4 +1,7 @@
-"""One entry point over the four decoding methods on the testbed models: caption text in, DecodeResult out.
+"""One entry point over the decoding methods on a model set (mulo_sd/model_set.py): caption text in,
+DecodeResult out. The set's condition (testbed word ids, or LlamaGen's T5 features and mask) is built by
+`Models.condition` and handed to the method with its mask; guidance's unconditional branch is the target's
+own (GPT.start: the uncond_embedding under the caption's mask, as LlamaGen's generate).
 
     result = decode("mulo", models, ["a red star on a noisy background"], {}, SamplerConfig(cfg_scale=2.0),
                     seed=0)  # the recommended knobs; {"r": 4, "tau": 0.05} changes those two
@@ -10,9 +13,9 @@ defaults: `RECOMMENDED` over the function's own), plus, for `mulo`, the ones tha
 - downsampler: 'latent' or 'pixel'; None: the same kind as the up-sampler;
 - pixel_mode: the interpolation of the pixel up-sampler (pixel_samplers.MODES).
 A knob that the chosen mode ignores (`IGNORED`, e.g. `l` with rejection='raster') is an error when it is
-given, so no setting is dropped silently. `lantern` drafts with drafter_small (the testbed's smaller
-same-resolution model). Every call draws its randomness from its own torch.Generator seeded with `seed`, so
-a (method, knobs, prompts, seed) decode repeats exactly.
+given, so no setting is dropped silently. `lantern` drafts with drafter_small (a smaller same-resolution
+model; a set without one is an error naming the role); `eagle2` drafts with the set's eagle_head. Every call draws its randomness from its own
+torch.Generator seeded with `seed`, so a (method, knobs, prompts, seed) decode repeats exactly.
 """
 
 from __future__ import annotations
@@ -25,22 +28,26 @@ import torch
 from PIL import Image
 
 from mulo_sd.captions import encode_caption
-from mulo_sd.methods import DecodeResult, decode_ar, decode_lantern, decode_mulo, decode_zipar
+from mulo_sd.methods import DecodeResult, decode_ar, decode_eagle2, decode_lantern, decode_mulo, decode_zipar
 from mulo_sd.methods.mulo import REJECTIONS
+from mulo_sd.model_set import Models
 from mulo_sd.neighbours import codebook_neighbours
 from mulo_sd.pixel_samplers import PixelDownsampler, PixelUpsampler
 from mulo_sd.sampling import SamplerConfig
-from mulo_sd.testbed import Models
 
-FUNCTIONS = {"ar": decode_ar, "zipar": decode_zipar, "lantern": decode_lantern, "mulo": decode_mulo}
+FUNCTIONS = {
+    "ar": decode_ar, "zipar": decode_zipar, "lantern": decode_lantern, "eagle2": decode_eagle2, "mulo": decode_mulo,
+}  # fmt: skip
 METHODS = tuple(FUNCTIONS)
 REQUIRED = inspect.Parameter.empty
 SCALES = (2, 4)
 SAMPLER_KINDS = ("latent", "pixel")
+LANTERN_DRAFTER = "LANTERN drafts with a smaller model at the target's resolution"
+EAGLE_HEAD = "EAGLE-2 drafts with a feature-level head trained for the target"
 # arguments of the method functions that decode() fills in itself
 _NOT_KNOBS = {
     "model", "target", "drafter", "upsampler", "downsampler", "cond", "sampler", "generator", "neighbours",
-    "cond_mask", "tokenizer",
+    "cond_mask", "tokenizer", "head",
 }  # fmt: skip
 _MULO_MODEL_KNOBS = {"r": REQUIRED, "upsampler": "latent", "downsampler": None, "pixel_mode": "bicubic"}
 # The defaults of `decode` and `mulo-decode`: the settings the README recommends for the testbed ("MuLo-SD
@@ -109,7 +116,7 @@ def resolve_knobs(method: str, knobs: dict) -> dict[str, object]:
     if method == "mulo":
         if resolved["r"] not in SCALES:
             r = resolved["r"]
-            raise ValueError(f"knob r must be one of {SCALES} (the testbed's drafter scales), got {r!r}")
+            raise ValueError(f"knob r must be one of {SCALES} (the drafter scales of a model set), got {r!r}")
         if resolved["downsampler"] is None:
             resolved["downsampler"] = resolved["upsampler"]
         for name in ("upsampler", "downsampler"):
@@ -131,11 +138,14 @@ def _admits_none(hint) -> bool:
 
 
 def required_models(method: str, knobs: dict) -> list[str]:
-    """Testbed model names (testbed.MODEL_CLASSES) that `decode(method, ..., knobs)` uses."""
+    """Model roles (model_set.MODEL_CLASSES) that `decode(method, ..., knobs)` uses; a target conditioned on
+    T5 features brings the set's text encoder with it (model_set.load_model_set)."""
     knobs = resolve_knobs(method, knobs)
     names = ["vq", "target"]
     if method == "lantern":
         names.append("drafter_small")
+    if method == "eagle2":
+        names.append("eagle_head")
     if method == "mulo":
         r = knobs["r"]
         names.append(f"drafter_r{r}")
@@ -157,12 +167,13 @@ def neighbour_table(tokenizer, k: int) -> torch.Tensor:
 
 
 def caption_condition(target, prompts: list[str]) -> torch.Tensor:
-    """Caption word ids [B, cond_len] of `prompts` on the target's device."""
+    """Caption word ids [B, cond_len] of `prompts` on a word-conditioned target's device (the testbed's);
+    `Models.condition` gives any set's condition, T5 features included."""
     if not prompts or not all(isinstance(p, str) for p in prompts):
         raise ValueError(f"prompts must be a non-empty list of caption strings, got {prompts!r}")
     if target.config.cond_type != "words":
         kind = target.config.cond_type
-        raise ValueError(f"decode takes caption text: the target needs cond_type 'words', not '{kind}'")
+        raise ValueError(f"caption word ids need a target with cond_type 'words', not '{kind}'")
     return torch.stack([encode_caption(p, target.config.cond_len) for p in prompts]).to(target.device)
 
 
@@ -172,19 +183,21 @@ def decode(
     """Decode one image per prompt with `method` (module docstring); the batch is decoded together."""
     knobs = resolve_knobs(method, knobs)
     target, tokenizer = models.require("target"), models.require("vq")
-    cond = caption_condition(target, prompts)
+    cond, cond_mask = models.condition(prompts)
     generator = torch.Generator(device=target.device).manual_seed(seed)
-    common = dict(cond=cond, sampler=sampler, generator=generator, tokenizer=tokenizer)
+    common = dict(cond=cond, cond_mask=cond_mask, sampler=sampler, generator=generator, tokenizer=tokenizer)
     if method == "ar":
         return decode_ar(target, **common)
     if method == "zipar":
         return decode_zipar(target, window=knobs["window"], **common)
     if method == "lantern":
-        drafter = models.require("drafter_small")
+        drafter = models.require("drafter_small", LANTERN_DRAFTER)
         neighbours = neighbour_table(tokenizer, knobs["k"])
         return decode_lantern(target, drafter, neighbours=neighbours, **knobs, **common)
+    if method == "eagle2":
+        return decode_eagle2(target, models.require("eagle_head", EAGLE_HEAD), **knobs, **common)
     r, up, down, mode = (knobs.pop(name) for name in ("r", "upsampler", "downsampler", "pixel_mode"))
-    drafter = models.require(f"drafter_r{r}")
+    drafter = models.require(f"drafter_r{r}", f"MuLo-SD's drafter at the target's resolution / {r}")
     upsampler = models.require(f"upsampler_r{r}") if up == "latent" else PixelUpsampler(tokenizer, r, mode)
     downsampler = models.require(f"downsampler_r{r}") if down == "latent" else PixelDownsampler(tokenizer, r)
     neighbours = neighbour_table(tokenizer, knobs["k"])

@@ -21,7 +21,8 @@ Writes into out_dir: runs.csv (one row per run, prompt, seed), summary.csv and s
 with SceneEval also references.csv, the same quality columns for the real images and their round trips),
 speed_quality.png (speedup against quality, one curve per family over its knob sweep) and
 grid_seed<seed>.png (rows: real image, then one per run; columns: the first prompts).
-`matched_quality_table` applies the paper's matched-quality protocol to a summary.
+`matched_quality_table` applies the paper's matched-quality protocol to a summary (`matched_runs`: its
+selection, on any quality column).
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from mulo_sd.decode import caption_condition, decode, resolve_knobs
+from mulo_sd.decode import decode, resolve_knobs
+from mulo_sd.model_set import Models
 from mulo_sd.prompts import Prompt
 from mulo_sd.sampling import SamplerConfig
 from mulo_sd.sceneeval import (
@@ -49,7 +51,6 @@ from mulo_sd.sceneeval import (
     prompt_scores,
     scene_features,
 )
-from mulo_sd.testbed import Models
 
 REFERENCE_METHOD = "ar"
 SUMMARY_COLUMNS = (
@@ -127,10 +128,14 @@ def reference_run(runs: list[RunSpec]) -> RunSpec:
 
 
 @torch.inference_mode()
-def token_nll(target, tokens: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
-    """Mean NLL [B] of grids tokens [B, h, w] under the target, teacher-forced with condition `cond`."""
+def token_nll(
+    target, tokens: torch.Tensor, cond: torch.Tensor, cond_mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Mean NLL [B] of grids tokens [B, h, w] under the target, teacher-forced with condition `cond` (and
+    its mask, for T5 features: Models.condition)."""
     tokens = tokens.reshape(tokens.shape[0], -1).to(target.device)
-    logits = target(tokens, cond, drop=torch.zeros(tokens.shape[0], dtype=torch.bool, device=target.device))
+    keep = torch.zeros(tokens.shape[0], dtype=torch.bool, device=target.device)
+    logits = target(tokens, cond, cond_mask, drop=keep)
     return F.cross_entropy(logits.float().transpose(1, 2), tokens, reduction="none").mean(1).cpu()
 
 
@@ -173,7 +178,7 @@ def evaluate(
         total=len(prompts) * len(seeds) * len(runs), unit="decode", disable=not progress, file=sys.stderr
     )
     for i, prompt in enumerate(prompts):
-        cond = caption_condition(target, [prompt.caption])
+        cond, cond_mask = models.condition([prompt.caption])
         for seed in seeds:
             for run in runs[i % len(runs) :] + runs[: i % len(runs)]:
                 bar.set_postfix_str(f"prompt {i + 1}/{len(prompts)}, seed {seed}: {run.label}", refresh=False)
@@ -184,7 +189,7 @@ def evaluate(
                     "prompt": prompt.caption, "seed": seed, "device": str(device), **result.stats.as_dict(),
                 }  # fmt: skip
                 if quality:
-                    row["nll"] = float(token_nll(target, result.tokens, cond)[0])
+                    row["nll"] = float(token_nll(target, result.tokens, cond, cond_mask)[0])
                 if scorer is not None:
                     row |= sceneeval_rows(scorer, result.image, [prompt.caption])[0]
                     features[run.label].append(scene_features(scorer, result.image))
@@ -347,22 +352,32 @@ def matched_quality_table(
         raise ValueError(
             "matched quality needs SceneEval scores in the summary (evaluate with the sceneeval model)"
         )
+    return [_matched_row(family, entry) for family, entry in matched_runs(summary, reference, tolerance)]
+
+
+def matched_runs(
+    summary: list[dict], reference: str = REFERENCE_METHOD, tolerance: float = 0.0, metric: str = "sceneeval"
+) -> list[tuple[str, dict | None]]:
+    """(family, chosen summary entry or None) per family, the reference family first: the selection of
+    `matched_quality_table`, on any quality column `metric` of the summary."""
     if tolerance < 0:
-        raise ValueError(f"tolerance must be >= 0 (SceneEval score points), got {tolerance}")
+        raise ValueError(f"tolerance must be >= 0 ({metric} points), got {tolerance}")
+    missing = [entry["label"] for entry in summary if entry.get(metric) is None]
+    if missing:
+        raise ValueError(f"matched quality needs '{metric}' in every summary row; missing for {missing}")
     matches = [entry for entry in summary if reference in (entry["method"], entry["label"])]
     if len(matches) != 1:
         raise ValueError(f"reference '{reference}' must name exactly one summary row, got {len(matches)}")
     base = matches[0]
     families = list(dict.fromkeys(entry["family"] for entry in summary if entry["family"] != base["family"]))
-    table = [_matched_row(base["family"], base)]
+    chosen = [(base["family"], base)]
     for family in families:
         within = [
             entry for entry in summary
-            if entry["family"] == family and abs(entry["sceneeval"] - base["sceneeval"]) <= tolerance
+            if entry["family"] == family and abs(entry[metric] - base[metric]) <= tolerance
         ]  # fmt: skip
-        best = max(within, key=lambda entry: entry["speedup_median"], default=None)
-        table.append(_matched_row(family, best))
-    return table
+        chosen.append((family, max(within, key=lambda entry: entry["speedup_median"], default=None)))
+    return chosen
 
 
 def _matched_row(family: str, entry: dict | None) -> dict:
@@ -404,17 +419,21 @@ def markdown_table(rows: list[dict], columns: tuple[str, ...]) -> str:
     return "\n".join(lines)
 
 
-def plot_speed_quality(summary: list[dict], path: Path) -> Path:
-    """Speedup (x) against quality (y: SceneEval score, else the target NLL), one curve per family."""
+def plot_speed_quality(summary: list[dict], path: Path, quality: str | None = None) -> Path:
+    """Speedup (x) against quality (y: the column `quality`; by default the SceneEval score, else the target
+    NLL), one curve per family."""
     from matplotlib.figure import Figure  # the object API: no pyplot state, no display backend
 
-    quality = "sceneeval" if all("sceneeval" in e for e in summary) else "nll_mean"
-    if not all(quality in e for e in summary):
-        quality = "step_ratio_median"  # no quality measured (quality=False): steps against time instead
+    if quality is None:
+        quality = "sceneeval" if all("sceneeval" in e for e in summary) else "nll_mean"
+        if not all(quality in e for e in summary):
+            quality = "step_ratio_median"  # no quality measured (quality=False): steps against time instead
     names = {
         "sceneeval": "SceneEval score (higher is better)",
         "nll_mean": "target NLL of the tokens (lower is better)",
         "step_ratio_median": "sequential-step ratio over AR",
+        "clip_score": "CLIP score (higher is better)",
+        "fid": "FID (lower is better)",
     }
     figure = Figure(figsize=(6.5, 4.5))
     axes = figure.add_subplot()

@@ -20,7 +20,8 @@ LlamaGen's `uncond_embedding` (words, t5), the extra class row (class) or all-ze
 the official training code.
 
 Decoding: `start(cond, cfg_scale)` runs the prefix into a fresh `DecodeState`; `step(state, tokens,
-positions)` writes tokens at grid positions and returns the guided next-token logits (slot_cache.py).
+positions)` writes tokens at grid positions and returns the guided next-token logits (slot_cache.py);
+`step_tree` verifies a draft tree in one call (EAGLE-2, docs/eagle2.md).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import torch.nn.functional as F
 from mulo_sd.io import Pretrained
 from mulo_sd.official import OfficialCheckpoint, read_official
 from mulo_sd.official_configs import check_gpt_config, gpt_fields
-from mulo_sd.slot_cache import DecodeState, check_step, visible_slots
+from mulo_sd.slot_cache import DecodeState, check_step, check_tree, visible_slots
 
 CONDITIONS = ("words", "t5", "class", "tatok")
 POSITIONS = ("rope2d", "rope1d", "absolute")
@@ -373,6 +374,18 @@ class GPT(nn.Module, Pretrained):
         drop: bool [B], rows whose condition is replaced by the unconditional one. None: in training mode
         each row is dropped with probability `class_dropout_prob` (classifier-free guidance training).
         """
+        return self._logits(self.features(tokens, cond, cond_mask, drop))
+
+    def features(
+        self,
+        tokens: torch.Tensor,
+        cond: torch.Tensor,
+        cond_mask: torch.Tensor | None = None,
+        drop: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Teacher forcing like `forward`, returning the final (normed) hidden features [B, T, dim] that the
+        output head maps to those logits (what an EAGLE draft head reads and predicts, mulo_sd/eagle_head.py).
+        """
         c = self.config
         cond, cond_mask = self._check_cond(cond, cond_mask)
         batch = cond.shape[0]
@@ -391,8 +404,7 @@ class GPT(nn.Module, Pretrained):
         if cond_mask is not None:
             grid_written = torch.ones(batch, tokens.shape[1] - 1, dtype=torch.bool, device=x.device)
             mask = visible_slots(torch.cat([cond_mask, grid_written], dim=1), slots)
-        hidden = self._hidden(x, slots, mask)
-        return self._logits(hidden[:, c.cond_len - 1 :])
+        return self._hidden(x, slots, mask)[:, c.cond_len - 1 :]
 
     # ---- slot-cache decoding ----------------------------------------------------------------------
 
@@ -423,6 +435,7 @@ class GPT(nn.Module, Pretrained):
         slots = torch.arange(c.cond_len, device=prefix.device)
         hidden = self._hidden(prefix, slots, state.attention_mask(slots), state)
         state.first_logits = state.guide(self._logits(hidden[:, -1]))
+        state.first_hidden = hidden[:, -1]
         return state
 
     @torch.inference_mode()
@@ -440,14 +453,37 @@ class GPT(nn.Module, Pretrained):
         hidden = self._hidden(self.tok_embeddings(tokens), slots, state.attention_mask(slots), state)
         return state.guide(self._logits(hidden))
 
+    @torch.inference_mode()
+    def step_tree(
+        self, state: DecodeState, tokens: torch.Tensor, positions: torch.Tensor, parents: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Feed a token tree in one call: node i holds tokens[:, i] at grid position positions[i], its parent
+        is node parents[i] (-1: a root, whose context is the written grid before its position). The nodes go
+        to the state's tree slots, not to the grid (slot_cache.py: add_tree_slots, commit_tree). Returns the
+        guided logits [B, n, V] (the next-token distribution after each node's path) and the final hidden
+        features [B', n, dim] of every internal row (conditional rows first under guidance)."""
+        c = self.config
+        if state.cond_len != c.cond_len or state.num_slots != c.num_slots or len(state.keys) != c.n_layer:
+            raise ValueError("this DecodeState was not made by this model's `start`")
+        slots = check_tree(state, tokens, positions, parents, c.num_tokens, c.vocab_size)
+        tokens = tokens.to(device=slots.device, dtype=torch.long)
+        if state.guided:
+            tokens = torch.cat([tokens, tokens])
+        mask = state.tree_attention_mask(slots, parents.to(slots.device))
+        scratch = state.num_slots + torch.arange(slots.shape[0], device=slots.device)
+        hidden = self._hidden(self.tok_embeddings(tokens), slots, mask, state, write_slots=scratch)
+        return state.guide(self._logits(hidden)), hidden
+
     # ---- shared internals -------------------------------------------------------------------------
 
-    def _hidden(self, x, slots, mask, state: DecodeState | None = None) -> torch.Tensor:
+    def _hidden(self, x, slots, mask, state: DecodeState | None = None, write_slots=None) -> torch.Tensor:
+        """Positions from `slots`; K/V go to the cache at `write_slots` (default `slots`)."""
         x = self._add_positions(self.tok_dropout(x), slots)
         rotation = self._rotation(slots)
+        write_slots = slots if write_slots is None else write_slots
         for i, layer in enumerate(self.layers):
             cache = None if state is None else (state.keys[i], state.values[i])
-            x = layer(x, rotation, mask, cache, slots)
+            x = layer(x, rotation, mask, cache, write_slots)
         return self.norm(x)
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -469,16 +505,7 @@ class GPT(nn.Module, Pretrained):
         if c.position == "absolute":
             return None
         grid = slots - c.cond_len
-        if c.position == "rope2d":
-            half = c.head_dim // 2
-            exponents = torch.arange(0, half, 2, device=slots.device)[: half // 2].float() / half
-            freqs = 1.0 / c.rope_base**exponents
-            rows, cols = grid.div(c.grid_size[1], rounding_mode="floor"), grid.remainder(c.grid_size[1])
-            angles = torch.cat([rows.float()[:, None] * freqs, cols.float()[:, None] * freqs], dim=-1)
-        else:
-            exponents = torch.arange(0, c.head_dim, 2, device=slots.device).float() / c.head_dim
-            freqs = 1.0 / c.rope_base**exponents
-            angles = grid.float()[:, None] * freqs
+        angles = rotary_angles(c.position, c.head_dim, c.rope_base, c.grid_size[1], grid)
         in_prefix = (grid < 0)[:, None]
         if c.prefix_rotation == "identity":  # cos 1, sin 0: the prefix's queries and keys pass unrotated
             return angles.cos().masked_fill(in_prefix, 1.0), angles.sin().masked_fill(in_prefix, 0.0)
@@ -609,6 +636,19 @@ class GPT(nn.Module, Pretrained):
             )
         model.load_state_dict(state, strict=True)
         return model.to(device).eval()
+
+
+def rotary_angles(position: str, head_dim: int, base: float, width: int, grid: torch.Tensor) -> torch.Tensor:
+    """Rotation angles [n, head_dim/2] of grid indices [n] ('rope2d': rows then columns of a grid `width`
+    wide; 'rope1d': the index), in float32 like LlamaGen's tables."""
+    if position == "rope2d":
+        half = head_dim // 2
+        exponents = torch.arange(0, half, 2, device=grid.device)[: half // 2].float() / half
+        freqs = 1.0 / base**exponents
+        rows, cols = grid.div(width, rounding_mode="floor"), grid.remainder(width)
+        return torch.cat([rows.float()[:, None] * freqs, cols.float()[:, None] * freqs], dim=-1)
+    exponents = torch.arange(0, head_dim, 2, device=grid.device).float() / head_dim
+    return grid.float()[:, None] * (1.0 / base**exponents)
 
 
 def _check_range(ids: torch.Tensor, size: int, name: str) -> None:

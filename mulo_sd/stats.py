@@ -19,6 +19,8 @@ batch (divide by `batch_size` for per-image figures).
 - cycles: draft-verify cycles (0 for methods without a drafter).
 - islands_per_cycle: number of rejection islands in each cycle; island_sizes: the size of every island, in
   the order they were found.
+- accepted_per_cycle: draft tokens kept in each cycle of a tree method (eagle2); its mean plus one is
+  EAGLE's mean accepted length (tokens committed per target verification).
 - phase_seconds: wall time per named phase (`with stats.phase("verify"): ...`), summed over entries.
 - wall_seconds: wall time of token generation (`with stats.wall(): ...`); the tokenizer's image decode,
   the same for every method, is left out of it and timed as phase "image".
@@ -65,6 +67,7 @@ class DecodeStats:
     cycles: int = 0
     islands_per_cycle: list[int] = field(default_factory=list)
     island_sizes: list[int] = field(default_factory=list)
+    accepted_per_cycle: list[int] = field(default_factory=list)
     phase_seconds: dict[str, float] = field(default_factory=dict)
     wall_seconds: float = 0.0
     device: torch.device | None = field(default=None, repr=False, compare=False)
@@ -111,6 +114,7 @@ class DecodeStats:
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.islands_per_cycle.extend(other.islands_per_cycle)
         self.island_sizes.extend(other.island_sizes)
+        self.accepted_per_cycle.extend(other.accepted_per_cycle)
         for name, seconds in other.phase_seconds.items():
             self.phase_seconds[name] = self.phase_seconds.get(name, 0.0) + seconds
         self.wall_seconds += other.wall_seconds
@@ -125,6 +129,8 @@ class DecodeStats:
         )
         row["island_size_max"] = max(self.island_sizes, default=0)
         row["islands_per_cycle"] = " ".join(map(str, self.islands_per_cycle))
+        accepted = self.accepted_per_cycle
+        row["accepted_per_cycle_mean"] = sum(accepted) / len(accepted) if accepted else 0.0
         for name, seconds in sorted(self.phase_seconds.items()):
             row[f"time_{name}_s"] = seconds
         row["wall_s"] = self.wall_seconds

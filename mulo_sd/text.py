@@ -24,6 +24,7 @@ LlamaGen's conventions (its language/t5.py, autoregressive/sample/sample_t2i.py 
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -169,6 +170,17 @@ def t5_fingerprint(folder: str | Path) -> str:
         elif path.suffix in (".safetensors", ".bin"):
             digest.update(f"{path.name}:{path.stat().st_size}".encode())
     return digest.hexdigest()
+
+
+def t5_feature_width(folder: str | Path) -> int:
+    """d_model of the T5 in `folder`, read from its config.json (no weights loaded): the feature width a
+    GPT's caption_dim must equal. Errors name what to put where."""
+    folder = Path(folder)
+    check_t5_folder(folder)
+    config = json.loads((folder / "config.json").read_text())
+    if not isinstance(config, dict) or "d_model" not in config:
+        raise ValueError(f"{folder / 'config.json'} has no d_model: not a T5 config")
+    return int(config["d_model"])
 
 
 def check_t5_folder(folder: Path) -> None:

@@ -77,6 +77,11 @@ def testbed(tmp_path_factory) -> Path:
     return save_tiny_testbed(tmp_path_factory.mktemp("testbed"))
 
 
+def at(folder: Path) -> list[str]:
+    """The overrides that point an entry point at a folder in the testbed layout (conf/models/folder.yaml)."""
+    return ["models=folder", f"models.root={folder}"]
+
+
 def compose(config_name: str, tmp_path: Path, overrides: list[str]) -> DictConfig:
     """A `mulo-decode` / `mulo-eval` config as the entry point sees it, outputs under tmp_path."""
     run_dir = tmp_path / "run"
@@ -96,7 +101,7 @@ def compose(config_name: str, tmp_path: Path, overrides: list[str]) -> DictConfi
 
 def test_decode_cli_writes_png_and_returns_stats(testbed, tmp_path):
     out = tmp_path / "sample.png"
-    cfg = compose("decode", tmp_path, ["method=zipar", "knobs.window=2", f"models={testbed}", f"out={out}"])
+    cfg = compose("decode", tmp_path, ["method=zipar", "knobs.window=2", *at(testbed), f"out={out}"])
     stats = run(cfg)
     image = Image.open(out)
     assert image.size == (16, 16) and image.mode == "RGB"
@@ -106,7 +111,7 @@ def test_decode_cli_writes_png_and_returns_stats(testbed, tmp_path):
 
 def test_decode_cli_default_output_goes_to_run_dir(testbed, tmp_path):
     cfg = compose("decode", tmp_path, ["method=mulo", "knobs.r=4", "knobs.tau=0.2", "knobs.k=2",
-                                       "knobs.upsampler=pixel", f"models={testbed}"])  # fmt: skip
+                                       "knobs.upsampler=pixel", *at(testbed)])  # fmt: skip
     stats = run(cfg)
     assert (tmp_path / "run" / "sample.png").is_file()
     assert stats["tokens_accepted"] + stats["tokens_resampled"] == 64  # every position exactly once
@@ -214,15 +219,15 @@ def test_knobs_that_apply_or_keep_their_defaults_are_accepted():
 
 def test_decode_cli_bad_method_and_knob(testbed, tmp_path):
     with pytest.raises(ValueError, match=r"unknown decoding method 'greedy'"):
-        run(compose("decode", tmp_path, ["method=greedy", f"models={testbed}"]))
+        run(compose("decode", tmp_path, ["method=greedy", *at(testbed)]))
     with pytest.raises(ValueError, match=r"unknown knob\(s\) \['delta'\] for method 'ar'"):
-        run(compose("decode", tmp_path, ["method=ar", "knobs.delta=0.4", f"models={testbed}"]))
+        run(compose("decode", tmp_path, ["method=ar", "knobs.delta=0.4", *at(testbed)]))
     with pytest.raises(ValueError, match=r"knob l does not apply with rejection='raster'"):
         run(compose("decode", tmp_path, ["method=mulo", "knobs.rejection=raster", "knobs.l=1",
-                                         f"models={testbed}"]))  # fmt: skip
+                                         *at(testbed)]))  # fmt: skip
     with pytest.raises(ValueError, match=r"tau must lie in \[0, 1\]"):  # range checks: the method's own
         run(compose("decode", tmp_path, ["method=mulo", "knobs.r=2", "knobs.tau=2", "knobs.k=0",
-                                         f"models={testbed}"]))  # fmt: skip
+                                         *at(testbed)]))  # fmt: skip
 
 
 class Stop(Exception):
@@ -239,11 +244,11 @@ def test_decode_cli_knobs_keep_their_defaults_until_set_and_null_is_none(testbed
     monkeypatch.setattr(decode_cli, "decode", stop)
     for overrides in (["knobs.tau=0.2"], ["knobs.draft_window=null", "knobs.island_zipar_window=null"]):
         with pytest.raises(Stop):
-            run(compose("decode", tmp_path, ["method=mulo", f"models={testbed}", *overrides]))
+            run(compose("decode", tmp_path, ["method=mulo", *at(testbed), *overrides]))
     assert seen == [{"tau": 0.2}, {"draft_window": None, "island_zipar_window": None}]
     monkeypatch.undo()
     with pytest.raises(ValueError, match=r"knob\(s\) \['tau'\] of method 'mulo' cannot be null \(only \["):
-        run(compose("decode", tmp_path, ["method=mulo", "knobs.tau=null", f"models={testbed}"]))
+        run(compose("decode", tmp_path, ["method=mulo", "knobs.tau=null", *at(testbed)]))
 
 
 @pytest.mark.parametrize("method", ["mulo", "lantern"])
@@ -265,7 +270,7 @@ def no_decoding(monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("a model was loaded or decoded before the input was checked")
 
-    monkeypatch.setattr(decode_cli, "load_models", fail)
+    monkeypatch.setattr(decode_cli, "load_model_set", fail)
     monkeypatch.setattr(decode_cli, "decode", fail)
 
 
@@ -282,11 +287,11 @@ def test_an_unknown_word_is_an_error_before_decoding(no_decoding, tmp_path):
 
 def test_unconditional_takes_an_empty_prompt_and_samples_the_null_caption(testbed, tmp_path, monkeypatch):
     with pytest.raises(ValueError, match=r"unconditional=true samples without a caption, but prompt="):
-        run(compose("decode", tmp_path, ["unconditional=true", f"models={testbed}"]))
+        run(compose("decode", tmp_path, ["unconditional=true", *at(testbed)]))
     seen = {}
     monkeypatch.setattr(decode_cli, "decode", lambda *args: stop(seen.setdefault("args", args)))
     with pytest.raises(Stop):
-        run(compose("decode", tmp_path, ["unconditional=true", "prompt=''", f"models={testbed}"]))
+        run(compose("decode", tmp_path, ["unconditional=true", "prompt=''", *at(testbed)]))
     method, _, prompts, _, sampler, _ = seen["args"]
     assert method == "ar" and prompts == [""] and sampler.cfg_scale == 0.0
     # guidance at scale 0 leaves the unconditional branch alone: the prefix the caption dropout trained
@@ -314,7 +319,7 @@ def test_a_bad_output_path_is_an_error_before_decoding(out, error, no_decoding, 
 
 def test_a_jpg_output_is_written_into_a_new_folder(testbed, tmp_path):
     out = tmp_path / "new" / "folder" / "sample.JPG"
-    run(compose("decode", tmp_path, [f"models={testbed}", f"out={out}"]))
+    run(compose("decode", tmp_path, [*at(testbed), f"out={out}"]))
     assert Image.open(out).format == "JPEG"
 
 
@@ -322,7 +327,7 @@ def test_missing_model_names_the_training_command(tmp_path):
     folder = save_tiny_testbed(tmp_path / "testbed", skip=("drafter_r4",))
     with pytest.raises(FileNotFoundError) as error:
         run(compose("decode", tmp_path, ["method=mulo", "knobs.r=4", "knobs.tau=0.5", "knobs.k=0",
-                                         f"models={folder}"]))  # fmt: skip
+                                         *at(folder)]))  # fmt: skip
     message = str(error.value)
     assert "testbed model 'drafter_r4' not found" in message
     assert f"mulo-train experiment=testbed/drafter_r4 export={folder.resolve() / 'drafter_r4'}" in message

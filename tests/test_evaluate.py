@@ -22,7 +22,7 @@ from mulo_sd.sampling import SamplerConfig
 from mulo_sd.sceneeval import parse_caption, score
 from mulo_sd.synthscenes import render_scene
 from mulo_sd.testbed import load_models
-from tests.test_decode_cli import compose, save_tiny_testbed
+from tests.test_decode_cli import at, compose, save_tiny_testbed
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +36,7 @@ def read_csv(path):
 
 
 def test_eval_cli_smoke_writes_every_file(testbed, tmp_path):
-    cfg = compose("evaluate", tmp_path, ["eval=smoke", f"models={testbed}", "warmup=0"])
+    cfg = compose("evaluate", tmp_path, ["eval=smoke", *at(testbed), "warmup=0"])
     result = run(cfg)
     out = tmp_path / "run"
     names = {p.name for p in out.iterdir()}
@@ -210,7 +210,7 @@ def test_evaluation_prompts_are_fixed_and_held_out():
 
 @pytest.mark.parametrize("preset", ["smoke", "speed_zipar", "paper_table"])
 def test_every_eval_preset_expands_to_valid_runs(testbed, tmp_path, preset):
-    cfg = compose("evaluate", tmp_path, [f"eval={preset}", f"models={testbed}"])
+    cfg = compose("evaluate", tmp_path, [f"eval={preset}", *at(testbed)])
     runs = expand_runs(OmegaConf.to_container(cfg.runs, resolve=True))  # raises on an unknown knob
     assert reference_run(runs).method == "ar"  # and on a missing AR run or a repeated label
     if preset == "paper_table":

@@ -173,7 +173,7 @@ def test_loss_mix_with_gan_validates_and_exports(folders, gan_run):
     hparams = yaml.safe_load((run_dir / "csv" / "hparams.yaml").read_text())
     assert "LPIPS(alex" in hparams["lpips_metric"] and "target" in hparams["acceptance_metric"]
 
-    trained = SamplerLightning.load_from_checkpoint(run_dir / "checkpoints" / "last.ckpt", weights_only=False)
+    trained = SamplerLightning.load_from_checkpoint(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
     exported = Upsampler.from_pretrained(folders["root"] / "gan_export")
     assert exported.config.output == "both"  # logits for CE, a code for the straight-through pixel path
     ids = torch.randint(0, CODES, (2, 8, 8))
@@ -222,7 +222,7 @@ def test_token_ce_row_exports_the_ema_weights(folders):
     overrides = [*tiny(folders, target=folders["target"]), "loss=token_ce", "model.ema=0.5"]
     metrics = run(compose_train(folders, run_dir, [*overrides, f"export={run_dir}/export"]))
     assert 0.0 <= metrics["val/accept@0.1"] <= 1.0 and metrics["val/ce"] > 0
-    trained = SamplerLightning.load_from_checkpoint(run_dir / "checkpoints" / "last.ckpt", weights_only=False)
+    trained = SamplerLightning.load_from_checkpoint(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
     exported = Upsampler.from_pretrained(run_dir / "export")
     assert exported.config.output == "logits"
     ids = torch.randint(0, CODES, (2, 8, 8))
@@ -280,7 +280,7 @@ def test_downsampler_row_trains_and_exports(folders):
     overrides = [*tiny(folders, "testbed/downsampler_r2"), f"export={run_dir}/export"]
     metrics = run(compose_train(folders, run_dir, overrides))
     assert 0.0 <= metrics["val/acc"] <= 1.0 and metrics["val/psnr"] > 0
-    trained = SamplerLightning.load_from_checkpoint(run_dir / "checkpoints" / "last.ckpt", weights_only=False)
+    trained = SamplerLightning.load_from_checkpoint(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
     exported = Downsampler.from_pretrained(run_dir / "export")
     ids = torch.randint(0, CODES, (2, 16, 16))
     torch.testing.assert_close(exported(ids), trained.sampler.eval()(ids), rtol=0, atol=0)

@@ -152,12 +152,14 @@ class SampleDecoder:
         token_shapes: dict[str, tuple[int, int]],
         load_images: bool,
         caption_key: str,
+        caption_features: str | None = None,
     ):
         self.image_size = image_size
         self.extra_sizes = extra_sizes
         self.token_shapes = token_shapes
         self.load_images = load_images
         self.caption_key = caption_key
+        self.caption_features = caption_features
         self.skipped = 0  # each DataLoader worker counts in its own copy
 
     def __call__(self, sample: dict) -> dict | None:
@@ -197,16 +199,28 @@ class SampleDecoder:
             if grid.shape != shape or not np.issubdtype(grid.dtype, np.integer):
                 raise ValueError(f"{member} is {grid.dtype} {grid.shape}, expected integers of shape {shape}")
             decoded[name] = torch.from_numpy(grid.astype(np.int64))
+        if self.caption_features is not None:
+            member = f"{self.caption_features}.npy"
+            if member not in sample:
+                raise ValueError(
+                    f"missing member {member!r} (caption features: mulo-data pretokenize --text-encoder)"
+                )
+            rows = np.load(io.BytesIO(sample[member]), allow_pickle=False)
+            if rows.ndim != 2 or not np.issubdtype(rows.dtype, np.floating):
+                raise ValueError(f"{member} is {rows.dtype} {rows.shape}, expected floats of shape [n, D]")
+            decoded[self.caption_features] = torch.from_numpy(rows.astype(np.float32))
         return decoded
 
     def collate(self, samples: list[dict]) -> dict:
-        """Stack tensors, keep the rest as lists; add this worker's skipped count and index."""
+        """Stack tensors, keep the rest (and the caption features, one [n_i, D] tensor per caption) as lists;
+        add this worker's skipped count and index."""
         batch = {}
         for name, value in samples[0].items():
             if name.startswith("__"):  # wds.map copies __key__ back into each result
                 continue
             values = [sample[name] for sample in samples]
-            batch[name] = torch.stack(values) if isinstance(value, torch.Tensor) else values
+            stack = isinstance(value, torch.Tensor) and name != self.caption_features
+            batch[name] = torch.stack(values) if stack else values
         batch["skipped"] = torch.tensor(self.skipped)
         batch["worker"] = torch.tensor(worker_id())
         return batch
@@ -323,6 +337,10 @@ class ShardDataModule(L.LightningDataModule):
     of each (by batch key) so a grid of another shape is skipped instead of breaking a batch. `rank` and
     `world_size` override the rank found from the Trainer or torch.distributed (tests, custom launchers).
 
+    `caption_features`: a member name, e.g. "t5": each sample's caption features "t5.npy" (float [n, D], the
+    valid T5 rows `mulo-data pretokenize --text-encoder` stores) as batch["t5"], a list of [n_i, D] tensors
+    (mulo_sd.text.left_pad makes the GPT's features and mask of them).
+
     `max_consecutive_failures`: a training worker raises after this many skipped samples or sample-less
     shards in a row (see the module docstring). `allow_pipe`: accept `pipe:` shard URLs, which run shell
     commands.
@@ -344,6 +362,7 @@ class ShardDataModule(L.LightningDataModule):
         shuffle_buffer: int = 1000,
         seed: int = 0,
         caption_key: str = "txt",
+        caption_features: str | None = None,
         rank: int | None = None,
         world_size: int | None = None,
         max_consecutive_failures: int = MAX_CONSECUTIVE_FAILURES,
@@ -402,7 +421,9 @@ class ShardDataModule(L.LightningDataModule):
         self.world_size = world_size
         self.max_consecutive_failures = max_consecutive_failures
         self.allow_pipe = allow_pipe
-        self.decoder = SampleDecoder(image_size, extra_sizes, shapes, load_images, caption_key)
+        self.decoder = SampleDecoder(
+            image_size, extra_sizes, shapes, load_images, caption_key, caption_features or None
+        )
         self.resume_batches = 0  # training batches consumed before this run, from load_state_dict
 
     def rank_and_world_size(self) -> tuple[int, int]:

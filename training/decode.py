@@ -1,11 +1,14 @@
-"""`mulo-decode`: decode one caption with one method on the testbed models, print the statistics and write
-the image. A thin Hydra `main()` around a plain `run(cfg)` that tests call directly.
+"""`mulo-decode`: decode one caption with one method on a model set (conf/models/, mulo_sd/model_set.py),
+print the statistics and write the image. A thin Hydra `main()` around a plain `run(cfg)` that tests call
+directly.
 
     mulo-decode method=ar prompt="two red circles left of a blue star on a striped background" out=sample.png
     mulo-decode method=mulo prompt="a red circle on a striped background"   # the recommended knobs
     mulo-decode method=mulo knobs.r=4 knobs.l=1 knobs.tau=0.0005
+    mulo-decode models=llamagen_t2i_xl_512 models.root=/ckpts method=mulo prompt="a corgi on a beach"
 
-The prompt and the output path are checked before any model is loaded.
+The prompt, the method's models (the set names a folder for each) and the output path are checked before any
+model is loaded; the models' configs are checked against each other before any weights are read.
 """
 
 from __future__ import annotations
@@ -19,9 +22,9 @@ from mulo_sd.training.config import CONFIG_DIR
 from omegaconf import DictConfig, OmegaConf
 
 from mulo_sd.captions import encode_caption
-from mulo_sd.decode import decode, required_models, tensor_to_pil
+from mulo_sd.decode import LANTERN_DRAFTER, decode, required_models, tensor_to_pil
+from mulo_sd.model_set import ModelSet, load_model_set
 from mulo_sd.sampling import SamplerConfig
-from mulo_sd.testbed import TESTBED_DIR, load_models
 
 log = logging.getLogger(__name__)
 
@@ -36,9 +39,10 @@ def set_knobs(cfg_knobs: DictConfig | None) -> dict:
     return {name: value for name, value in knobs.items() if value != UNSET}
 
 
-def check_prompt(prompt, unconditional: bool) -> str:
+def check_prompt(prompt, unconditional: bool, words: bool = True) -> str:
     """The caption to decode. An empty one would decode the model's all-padding caption, which is neither
-    a caption nor its unconditional distribution: it takes unconditional=true, which takes an empty one."""
+    a caption nor its unconditional distribution: it takes unconditional=true, which takes an empty one.
+    `words`: the target reads caption word ids (the testbed), so every word must be in their vocabulary."""
     text = "" if prompt is None else str(prompt)
     if unconditional and text.strip():
         raise ValueError(
@@ -50,7 +54,7 @@ def check_prompt(prompt, unconditional: bool) -> str:
             f"prompt is empty ({text!r}): give a caption, e.g. prompt='a red circle on a noisy background', "
             f"or ask for an unconditional sample with unconditional=true"
         )
-    if not unconditional:
+    if words and not unconditional:
         encode_caption(text)  # unknown words fail here, before any model is loaded
     return text
 
@@ -87,14 +91,17 @@ def format_stats(stats: dict) -> str:
 def run(cfg: DictConfig) -> dict:
     """Decode `cfg.prompt` with `cfg.method`, write the image to `cfg.out`; return the statistics row."""
     unconditional = bool(cfg.get("unconditional"))
-    prompt = check_prompt(cfg.prompt, unconditional)
+    model_set = ModelSet.from_config(OmegaConf.to_container(cfg.models, resolve=True))
+    words = model_set.target_cond_type() == "words"
+    prompt = check_prompt(cfg.prompt, unconditional, words)
     knobs = set_knobs(cfg.knobs)
     names = required_models(cfg.method, knobs)  # checks the method and knobs
+    for name in names:  # a role the set lacks fails before anything loads
+        model_set.path(name, LANTERN_DRAFTER if name == "drafter_small" else f"method={cfg.method} uses it")
     out = prepare_output(cfg.out)
     if cfg.get("threads"):
         torch.set_num_threads(cfg.threads)
-    folder = Path(cfg.models) if cfg.get("models") else TESTBED_DIR
-    models = load_models(folder, cfg.device, names=names)
+    models = load_model_set(model_set, names, cfg.device)
     sampler = OmegaConf.to_container(cfg.sampler, resolve=True)
     if unconditional:  # guided logits u + 0 * (c - u): the unconditional branch (the CFG null caption) alone
         sampler["cfg_scale"] = 0.0

@@ -1,5 +1,5 @@
-"""LightningModule that trains a learned up-sampler U_r or down-sampler D_r (algorithm.md section 4) against a
-frozen VQ tokenizer.
+"""LightningModule that trains a learned up-sampler U_r or down-sampler D_r (docs/algorithm.md section 10)
+against a frozen VQ tokenizer.
 
 Each batch gives the high-res image ("image", image_size px) and the low-res one ("image_{image_size/r}",
 the datamodule's area downscale of the same crop), tokenised on the fly by the frozen VQ, or pre-tokenised
@@ -14,7 +14,8 @@ low-res ones with cross-entropy against the tokens of the down-scaled image.
 Optimisation is manual: a generator step, then a discriminator step once the adversarial loss is active.
 The discriminator's step bypasses Lightning's step counter, so `global_step` (and `max_steps`, checkpoint
 intervals) count generator steps in every loss row; `generator_step`, saved in checkpoints, decides when
-the adversarial loss starts.
+the adversarial loss starts. With `trainer.accumulate_grad_batches=N` both accumulate N micro-batches per
+step (training/accumulation.py); the adaptive GAN weight is measured on each micro-batch.
 
 Validation predicts decoding speed on the fixed validation set: token accuracy, PSNR and LPIPS of the decoded
 prediction against the image, and for the up-sampler the acceptance rate the target AR model gives the
@@ -40,7 +41,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torchvision
 from lightning.pytorch.loggers import WandbLogger
-from mulo_sd.training.ar_module import check_word_condition
+from mulo_sd.training.accumulation import ends_accumulation
+from mulo_sd.training.caption_condition import CaptionCondition
+from mulo_sd.training.checkpoints import config_node
 from mulo_sd.training.frozen import frozen
 from mulo_sd.training.losses import (
     LPIPS,
@@ -54,7 +57,6 @@ from mulo_sd.training.vq_module import psnr
 from omegaconf import DictConfig, OmegaConf
 
 from mulo_sd.accept import pooled_probability
-from mulo_sd.captions import MAX_CAPTION_WORDS, encode_caption
 from mulo_sd.downsampler import Downsampler, DownsamplerConfig
 from mulo_sd.gpt import GPT
 from mulo_sd.io import CONFIG_NAME
@@ -113,30 +115,34 @@ def upsampler_output(loss: DictConfig) -> str:
 @torch.no_grad()
 def accepted_draft_tokens(
     target: GPT,
-    words: torch.Tensor,
+    cond: torch.Tensor,
     truth: torch.Tensor,
     draft: torch.Tensor,
     sampling: SamplerConfig,
     neighbours: torch.Tensor,
     k: int,
     taus: list[float],
+    cond_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """How many draft tokens [B, H, W] the target accepts at each tau: int64 [len(taus)].
 
-    The target is teacher-forced on the ground-truth grid `truth` with caption word ids `words`, so position
-    i's distribution p_i (guided by `sampling.cfg_scale`, then `process_logits`) is conditioned on the true
-    prefix; draft token x_i counts at tau when p_i(x_i and its k nearest codebook neighbours) >= tau."""
+    The target is teacher-forced on the ground-truth grid `truth` with the captions' condition `cond` (word
+    ids, or T5 features with their mask `cond_mask`: caption_condition.py), so position i's distribution p_i
+    (guided by `sampling.cfg_scale`, then `process_logits`) is conditioned on the true prefix; draft token
+    x_i counts at tau when p_i(x_i and its k nearest codebook neighbours) >= tau."""
     tokens = truth.flatten(1)
     keep = torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)
-    logits = target(tokens, words, drop=keep)
+    logits = target(tokens, cond, cond_mask, drop=keep)
     if sampling.cfg_scale != 1.0:
-        logits = guide(logits, target(tokens, words, drop=~keep), sampling.cfg_scale)
+        logits = guide(logits, target(tokens, cond, cond_mask, drop=~keep), sampling.cfg_scale)
     probs = process_logits(logits, sampling).flatten(0, 1)
     pooled = pooled_probability(probs, draft.flatten(), neighbours, k)
     return torch.stack([(pooled >= tau).sum() for tau in taus])
 
 
 class SamplerLightning(L.LightningModule):
+    accumulates_gradients = True  # over trainer.accumulate_grad_batches micro-batches (training_step)
+
     def __init__(
         self,
         kind: str,
@@ -164,6 +170,8 @@ class SamplerLightning(L.LightningModule):
         VQ-encode) instead of the learned sampler, as the tables' baseline row; it has nothing to train."""
         super().__init__()
         self.save_hyperparameters()
+        sampler, optim, loss = config_node(sampler), config_node(optim), config_node(loss)
+        acceptance, images = config_node(acceptance), config_node(images)
         self.automatic_optimization = False  # generator and discriminator take turns
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got '{kind}'")
@@ -247,7 +255,10 @@ class SamplerLightning(L.LightningModule):
         if not acceptance.taus or any(not 0.0 <= tau <= 1.0 for tau in acceptance.taus):
             raise ValueError(f"acceptance.taus must be a non-empty list in [0, 1], got {acceptance.taus}")
         target = GPT.from_pretrained(folder)
-        check_word_condition(target.config)
+        # word ids (testbed) or T5 features: from the batch's stored rows or acceptance.text_encoder's T5
+        self.condition = CaptionCondition(
+            target.config, acceptance.get("text_encoder"), acceptance.get("text_dtype") or "float32"
+        )
         grid = (self.high_size // self.vq.downsample_factor,) * 2
         if target.vocab_size != self.vq.codebook_size or tuple(target.grid_size) != grid:
             raise ValueError(
@@ -374,26 +385,37 @@ class SamplerLightning(L.LightningModule):
         optimizers = self.optimizers()
         g_opt, d_opt = (optimizers, None) if self.adversarial is None else optimizers
         step = int(self.generator_step)
-        terms, logs, fake = self.generator_terms(batch, step)
-        total = sum(terms.values())
-        g_opt.zero_grad(set_to_none=True)
-        self.manual_backward(total)
-        if self.optim_cfg.grad_clip:
-            self.clip_gradients(
-                g_opt, gradient_clip_val=self.optim_cfg.grad_clip, gradient_clip_algorithm="norm"
-            )
-        g_opt.step()
-        self.lr_schedulers().step()
+        # Gradients add up over the window's micro-batches, each loss scaled by 1/N; the optimisers step at
+        # its end, and DDP synchronises only then. toggle_model keeps the discriminator's weights out of the
+        # generator's backward, which would otherwise add to the discriminator's accumulating gradients.
+        stepping = ends_accumulation(self.trainer)
+        scale = 1.0 / self.trainer.accumulate_grad_batches
+        with g_opt.toggle_model(sync_grad=stepping):
+            terms, logs, fake = self.generator_terms(batch, step)
+            total = sum(terms.values())
+            self.manual_backward(total * scale)
+        if stepping:
+            if self.optim_cfg.grad_clip:
+                self.clip_gradients(
+                    g_opt, gradient_clip_val=self.optim_cfg.grad_clip, gradient_clip_algorithm="norm"
+                )
+            g_opt.step()
+            g_opt.zero_grad(set_to_none=True)
+            self.lr_schedulers().step()
         if self.adversarial is not None and self.adversarial.active(step):
-            d_opt.zero_grad(set_to_none=True)  # also clears what the generator step left there
             real = self.image(batch, self.high_size)
-            d_loss, d_logs = self.adversarial.discriminator_loss(real, fake, step)
-            self.manual_backward(d_loss)
-            # through the strategy (precision, DDP), not LightningOptimizer.step: that would count the
-            # discriminator's step in global_step, and max_steps would mean fewer generator steps with a GAN
-            self.trainer.strategy.optimizer_step(d_opt.optimizer, closure=lambda: None, model=self)
+            with d_opt.toggle_model(sync_grad=stepping):
+                d_loss, d_logs = self.adversarial.discriminator_loss(real, fake, step)
+                self.manual_backward(d_loss * scale)
+            if stepping:
+                # through the strategy (precision, DDP), not LightningOptimizer.step: that would count the
+                # discriminator's step in global_step, and max_steps would mean fewer generator steps
+                self.trainer.strategy.optimizer_step(d_opt.optimizer, closure=lambda: None, model=self)
+                d_opt.zero_grad(set_to_none=True)
             logs.update(d_logs)
-        self.generator_step += 1
+        if stepping:
+            self.generator_step += 1
+            self.update_ema()
 
         batch_size = len(batch["key"])
         logs = {f"train/{name}": value.detach() for name, value in {**terms, **logs}.items()}
@@ -410,7 +432,7 @@ class SamplerLightning(L.LightningModule):
         self.log("loss", total.detach(), prog_bar=True, logger=False, batch_size=batch_size)
 
     @torch.no_grad()
-    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
+    def update_ema(self) -> None:
         if self.ema_sampler is None:
             return
         for ema_param, param in zip(self.ema_sampler.parameters(), self.sampler.parameters(), strict=True):
@@ -452,10 +474,10 @@ class SamplerLightning(L.LightningModule):
                 sums["lpips"] += self.lpips(decoded, image.float(), reduction="per_sample").sum().double()
             sums["images"] += image.shape[0]
         if self.target is not None:
-            words = torch.stack([encode_caption(text, MAX_CAPTION_WORDS) for text in batch["caption"]])
+            cond, cond_mask = self.condition(batch, self.device)
             accepted = accepted_draft_tokens(
-                self.target, words.to(self.device), truth, predicted, self.accept_sampling,
-                self.neighbours, self.k, self.taus,
+                self.target, cond, truth, predicted, self.accept_sampling, self.neighbours, self.k, self.taus,
+                cond_mask,
             )  # fmt: skip
             for tau, count in zip(self.taus, accepted, strict=True):
                 sums[f"accept@{tau}"] += count
