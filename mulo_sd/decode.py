@@ -14,8 +14,9 @@ defaults: `RECOMMENDED` over the function's own), plus, for `mulo`, the ones tha
 - pixel_mode: the interpolation of the pixel up-sampler (pixel_samplers.MODES).
 A knob that the chosen mode ignores (`IGNORED`, e.g. `l` with rejection='raster') is an error when it is
 given, so no setting is dropped silently. `lantern` drafts with drafter_small (a smaller same-resolution
-model; a set without one is an error naming the role); `eagle2` drafts with the set's eagle_head. Every call draws its randomness from its own
-torch.Generator seeded with `seed`, so a (method, knobs, prompts, seed) decode repeats exactly.
+model; a set without one is an error naming the role); `eagle2` drafts with the set's eagle_head. Every
+call draws its randomness from its own torch.Generator seeded with `seed`, so a (method, knobs, prompts,
+seed) decode repeats exactly.
 """
 
 from __future__ import annotations
@@ -36,8 +37,12 @@ from mulo_sd.pixel_samplers import PixelDownsampler, PixelUpsampler
 from mulo_sd.sampling import SamplerConfig
 
 FUNCTIONS = {
-    "ar": decode_ar, "zipar": decode_zipar, "lantern": decode_lantern, "eagle2": decode_eagle2, "mulo": decode_mulo,
-}  # fmt: skip
+    "ar": decode_ar,
+    "zipar": decode_zipar,
+    "lantern": decode_lantern,
+    "eagle2": decode_eagle2,
+    "mulo": decode_mulo,
+}
 METHODS = tuple(FUNCTIONS)
 REQUIRED = inspect.Parameter.empty
 SCALES = (2, 4)

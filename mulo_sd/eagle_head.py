@@ -54,8 +54,8 @@ class EagleHeadConfig:
         """A head for `target`: its vocabulary, grid, width and attention shape unless overridden."""
         fields = dict(
             vocab_size=target.vocab_size, grid_size=target.grid_size, dim=target.dim, n_head=target.n_head,
-            n_kv_head=target.n_kv_head, multiple_of=target.multiple_of,
-            ffn_dim_multiplier=target.ffn_dim_multiplier, norm_eps=target.norm_eps, rope_base=target.rope_base,
+            n_kv_head=target.n_kv_head, multiple_of=target.multiple_of, norm_eps=target.norm_eps,
+            ffn_dim_multiplier=target.ffn_dim_multiplier, rope_base=target.rope_base,
             position=target.position if target.position in HEAD_POSITIONS else "rope1d",
         )  # fmt: skip
         return cls(**{**fields, **overrides})
@@ -106,7 +106,9 @@ class EagleHead(nn.Module, Pretrained):
         wanted = {"vocab_size": c.vocab_size, "grid_size": c.grid_size, "dim": c.dim}
         wrong = {name: getattr(t, name) for name, value in wanted.items() if getattr(t, name) != value}
         if wrong:
-            raise ValueError(f"the EAGLE head was trained for a target with {wanted}; this target has {wrong}")
+            raise ValueError(
+                f"the EAGLE head was trained for a target with {wanted}; this target has {wrong}"
+            )
 
     def forward(self, features: torch.Tensor, embeddings: torch.Tensor) -> torch.Tensor:
         """Teacher forcing over grid positions 0..T-1: features, embeddings [B, T, dim] -> predicted features
@@ -128,19 +130,25 @@ class EagleHead(nn.Module, Pretrained):
     @torch.inference_mode()
     def step(self, state, features, embeddings, positions, parents=None, first: int = 0) -> torch.Tensor:
         """Feed [B', n, dim] features and embeddings; returns predicted features [B', n, dim]. parents None:
-        a chain at grid `positions` [n], written to the grid slots. Else tree nodes first .. first+n-1, written
-        to those tree slots, of a tree whose nodes so far sit at `positions` [first+n] with `parents`
+        a chain at grid `positions` [n], written to the grid slots. Else tree nodes first .. first+n-1,
+        written to those tree slots, of a tree whose nodes so far sit at `positions` [first+n] with `parents`
         [first+n] (-1: a root); each sees its ancestors and the grid slots before its root (slot_cache.py)."""
         positions = positions.to(self.device)
         if parents is None:
             state.mark_written(positions)
-            return self._run(features, embeddings, positions, state.attention_mask(positions), state, positions)
+            return self._run(
+                features, embeddings, positions, state.attention_mask(positions), state, positions
+            )
         n = features.shape[1]
         if parents.shape != positions.shape or not 0 <= first == positions.shape[0] - n:
-            raise ValueError(f"tree nodes {first}..{first + n - 1} need the positions and parents of every node "
-                             f"so far, got {positions.shape[0]} positions, {parents.shape[0]} parents")  # fmt: skip
+            raise ValueError(
+                f"tree nodes {first}..{first + n - 1} need the positions and parents of every node so far, "
+                f"got {positions.shape[0]} positions and {parents.shape[0]} parents"
+            )
         if positions.shape[0] > state.tree_slots:
-            raise ValueError(f"{positions.shape[0]} tree nodes exceed the state's {state.tree_slots} tree slots")
+            raise ValueError(
+                f"{positions.shape[0]} tree nodes exceed the state's {state.tree_slots} tree slots"
+            )
         mask = state.tree_attention_mask(positions, parents.to(self.device), first)
         scratch = state.num_slots + torch.arange(first, first + n, device=self.device)
         return self._run(features, embeddings, positions[first:], mask, state, scratch)

@@ -318,11 +318,12 @@ def check_configs(model_set: ModelSet, configs: dict, t5_dim: int | None) -> Non
     gpts = {role: config for role, config in configs.items() if role in GPT_ROLES}
     if "target" in gpts and "eagle_head" in configs:
         head, target = configs["eagle_head"], gpts["target"]
-        fields = ("vocab_size", "grid_size", "dim")
-        if any(getattr(head, f) != getattr(target, f) for f in fields):
+        trained = {f: getattr(head, f) for f in ("vocab_size", "grid_size", "dim")}
+        actual = {f: getattr(target, f) for f in trained}
+        if trained != actual:
             raise ValueError(
-                f"{prefix}{where('eagle_head')} was trained for a target with "
-                f"{ {f: getattr(head, f) for f in fields} }, the target has { {f: getattr(target, f) for f in fields} }"
+                f"{prefix}{where('eagle_head')} was trained for a target with {trained}; the target has "
+                f"{actual}"
             )
     if "target" in gpts:
         target = gpts["target"]

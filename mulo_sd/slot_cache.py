@@ -74,7 +74,7 @@ class DecodeState:
         return self.written.shape[1] - self.tree_slots
 
     def add_tree_slots(self, n: int) -> None:
-        """Append n scratch slots for tree steps (module docstring), in place; a no-op when there are enough."""
+        """Give the state n scratch slots for tree steps (module docstring), in place; keeps more."""
         extra = n - self.tree_slots
         if extra <= 0:
             return
@@ -196,12 +196,15 @@ def check_tree(
         raise ValueError(f"parents must be a 1-D integer tensor of {n} entries, got {_describe(parents)}")
     if not 1 <= n <= state.tree_slots:
         raise ValueError(
-            f"a tree step needs 1 to {state.tree_slots} nodes (the state's tree slots: add_tree_slots), got {n}"
+            f"a tree step needs 1 to {state.tree_slots} nodes (the state's tree slots, add_tree_slots), "
+            f"got {n}"
         )
     if not isinstance(tokens, torch.Tensor) or tokens.is_floating_point():
         raise ValueError(f"tokens must be an integer tensor, got {_describe(tokens)}")
     if tuple(tokens.shape) != (state.batch_size, n):
-        raise ValueError(f"tokens must have shape [batch={state.batch_size}, n={n}], got {list(tokens.shape)}")
+        raise ValueError(
+            f"tokens must have shape [batch={state.batch_size}, n={n}], got {list(tokens.shape)}"
+        )
     positions_list = positions.tolist()
     for i, parent in enumerate(parents.tolist()):
         if not -1 <= parent < i:

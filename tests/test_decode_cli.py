@@ -23,6 +23,7 @@ from mulo_sd.decode import (
     resolve_knobs,
 )
 from mulo_sd.downsampler import Downsampler, DownsamplerConfig
+from mulo_sd.eagle_head import EagleHead, EagleHeadConfig
 from mulo_sd.gpt import GPT, GPTConfig
 from mulo_sd.sampling import SamplerConfig
 from mulo_sd.sceneeval import SceneEval, SceneEvalConfig
@@ -61,6 +62,7 @@ def save_tiny_testbed(folder: Path, skip: tuple[str, ...] = ()) -> Path:
         "drafter_small": tiny_gpt(8, 4, dim=16),
         "sceneeval": SceneEval(SceneEvalConfig(image_size=16, patch=4, channels=[8, 8])),
     }
+    models["eagle_head"] = EagleHead(EagleHeadConfig.for_target(models["target"].config))
     for r in (2, 4):
         sampler = dict(r=r, codebook_size=V, code_dim=4, width=8, blocks=1)
         models[f"upsampler_r{r}"] = Upsampler(UpsamplerConfig(**sampler), vq.codebook.detach())
@@ -139,6 +141,15 @@ def test_lantern_with_delta_zero_and_greedy_equals_ar(testbed):
     assert torch.equal(ar.tokens, lantern.tokens)
 
 
+def test_eagle2_with_greedy_equals_ar(testbed):
+    models = load_models(testbed, names=["vq", "target", "eagle_head"])
+    greedy = SamplerConfig(temperature=0.0, cfg_scale=2.0)
+    ar = decode("ar", models, [PROMPT], {}, greedy, seed=0)
+    eagle = decode("eagle2", models, [PROMPT], {"depth": 3, "top_k": 2, "total_tokens": 5}, greedy, seed=1)
+    assert torch.equal(ar.tokens, eagle.tokens) and eagle.stats.cycles > 0
+    assert required_models("eagle2", {}) == ["vq", "target", "eagle_head"]
+
+
 def test_knobs_are_validated_with_clear_errors(monkeypatch):
     assert method_knobs("ar") == {}
     assert resolve_knobs("mulo", {"r": 2, "tau": 0.5, "k": 0})["downsampler"] == "latent"
@@ -187,7 +198,7 @@ def test_decode_config_documents_the_defaults():
         knob = KNOB_LINE.match(line)
         for method, text in re.findall(r"(\w+) \(([^)]*)\)", knob.group(2)) if knob else []:
             documented[method, knob.group(1)] = yaml.safe_load(text.split(":")[0])
-    expected = {(m, k): v for m in ("zipar", "lantern", "mulo") for k, v in method_knobs(m).items()}
+    expected = {(m, k): v for m in ("zipar", "lantern", "eagle2", "mulo") for k, v in method_knobs(m).items()}
     assert documented == expected
 
 

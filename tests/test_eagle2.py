@@ -43,7 +43,10 @@ def check_accounting(stats, size):
     assert stats.tokens_accepted + stats.tokens_resampled == size * stats.batch_size  # each position once
     assert stats.target_forwards == stats.batch_size + stats.cycles  # start + one verification per cycle
     assert stats.sequential_steps == stats.target_forwards + stats.drafter_forwards
-    assert sum(stats.accepted_per_cycle) == stats.tokens_accepted and len(stats.accepted_per_cycle) == stats.cycles
+    assert (
+        sum(stats.accepted_per_cycle) == stats.tokens_accepted
+        and len(stats.accepted_per_cycle) == stats.cycles
+    )
 
 
 @pytest.mark.parametrize("knobs", [TREE, CHAIN], ids=["tree", "chain"])
@@ -128,7 +131,8 @@ def test_tree_step_gives_the_logits_of_each_branch_decoded_alone():
     target.step(reference, torch.tensor([[3, 1, 4, 6, 2]]), torch.arange(5))
     next_token = torch.tensor([[1]])
     torch.testing.assert_close(
-        target.step(state, next_token, torch.tensor([5])), target.step(reference, next_token, torch.tensor([5]))
+        target.step(state, next_token, torch.tensor([5])),
+        target.step(reference, next_token, torch.tensor([5])),
     )
 
 

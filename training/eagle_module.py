@@ -91,8 +91,9 @@ class EagleLightning(L.LightningModule):
             target_probs = self.target.output(features[:, 1:]).float().softmax(-1)
         predicted = self.head(features[:, :-1], embeddings)  # f^_1 .. f^_{N-1}
         draft_logits = self.target.output(predicted).float()
+        feature = F.smooth_l1_loss(predicted.float(), features[:, 1:].float(), reduction="none")
         return {
-            "feature": F.smooth_l1_loss(predicted.float(), features[:, 1:].float(), reduction="none").mean(-1),
+            "feature": feature.mean(-1),
             "ce": -(target_probs * draft_logits.log_softmax(-1)).sum(-1),
             "top1": (draft_logits.argmax(-1) == target_probs.argmax(-1)).float(),
         }

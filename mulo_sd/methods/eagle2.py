@@ -46,7 +46,9 @@ def check_tree_knobs(depth: int, top_k: int, total_tokens: int, vocab_size: int)
     if depth < 1:
         raise ValueError(f"depth must be >= 1 (draft tree levels), got {depth}")
     if not 1 <= top_k <= vocab_size:
-        raise ValueError(f"top_k must lie in [1, {vocab_size}] (children scored per expanded node), got {top_k}")
+        raise ValueError(
+            f"top_k must lie in [1, {vocab_size}] (children scored per expanded node), got {top_k}"
+        )
     most = top_k + (depth - 1) * top_k * top_k  # every node the draft scores
     if not 1 <= total_tokens <= most:
         raise ValueError(
@@ -203,8 +205,8 @@ def _decode_image(target, head, cond, cond_mask, sampler, generator, depth, top_
                 probs = process_logits(logits[0], sampler)
             with stats.phase("accept"):
                 children: dict[int, list[int]] = {}
-                for j, node in enumerate(kept):
-                    children.setdefault(parents[j + 1], []).append(j + 1)
+                for j in range(1, len(tokens)):
+                    children.setdefault(parents[j], []).append(j)
                 path, current, p = [0], 0, probs[0]
                 while True:
                     p = probs[current].clone()
