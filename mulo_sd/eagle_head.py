@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from mulo_sd.gpt import GPT, GPTConfig, TransformerBlock, rotary_angles
+from mulo_sd.gpt import GPT, BlockDims, GPTConfig, TransformerBlock, rotary_angles
 from mulo_sd.io import Pretrained
 from mulo_sd.slot_cache import DecodeState
 
@@ -27,7 +27,7 @@ HEAD_POSITIONS = ("rope2d", "rope1d")
 
 
 @dataclass
-class EagleHeadConfig:
+class EagleHeadConfig(BlockDims):
     vocab_size: int  # the target's
     grid_size: tuple[int, int]  # the target's
     dim: int  # the target's width (features in and out)
@@ -59,25 +59,6 @@ class EagleHeadConfig:
             position=target.position if target.position in HEAD_POSITIONS else "rope1d",
         )  # fmt: skip
         return cls(**{**fields, **overrides})
-
-    @property
-    def head_dim(self) -> int:
-        return self.dim // self.n_head
-
-    @property
-    def kv_heads(self) -> int:
-        return self.n_kv_head or self.n_head
-
-    @property
-    def num_tokens(self) -> int:
-        return self.grid_size[0] * self.grid_size[1]
-
-    @property
-    def ffn_hidden(self) -> int:
-        hidden = int(2 * 4 * self.dim / 3)
-        if self.ffn_dim_multiplier is not None:
-            hidden = int(self.ffn_dim_multiplier * hidden)
-        return -(-hidden // self.multiple_of) * self.multiple_of
 
 
 class EagleHead(nn.Module, Pretrained):

@@ -53,8 +53,32 @@ OFFICIAL_GPT_SOURCES = (
 )
 
 
+class BlockDims:
+    """Sizes derived from a LlamaGen-style config's fields (dim, n_head, n_kv_head, grid_size,
+    ffn_dim_multiplier, multiple_of): shared by the GPT and the EAGLE draft head, whose blocks are alike."""
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_head
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_head or self.n_head
+
+    @property
+    def num_tokens(self) -> int:
+        return self.grid_size[0] * self.grid_size[1]
+
+    @property
+    def ffn_hidden(self) -> int:
+        hidden = int(2 * 4 * self.dim / 3)
+        if self.ffn_dim_multiplier is not None:
+            hidden = int(self.ffn_dim_multiplier * hidden)
+        return -(-hidden // self.multiple_of) * self.multiple_of
+
+
 @dataclass
-class GPTConfig:
+class GPTConfig(BlockDims):
     vocab_size: int  # image tokens (the VQ codebook size)
     grid_size: tuple[int, int]  # (h, w) tokens; an int n means (n, n)
     dim: int
@@ -112,27 +136,8 @@ class GPTConfig:
             raise ValueError(f"n_positions {self.n_positions} < {self.num_slots - 1} (cond_len + h*w - 1)")
 
     @property
-    def head_dim(self) -> int:
-        return self.dim // self.n_head
-
-    @property
-    def kv_heads(self) -> int:
-        return self.n_kv_head or self.n_head
-
-    @property
-    def num_tokens(self) -> int:
-        return self.grid_size[0] * self.grid_size[1]
-
-    @property
     def num_slots(self) -> int:
         return self.cond_len + self.num_tokens
-
-    @property
-    def ffn_hidden(self) -> int:
-        hidden = int(2 * 4 * self.dim / 3)
-        if self.ffn_dim_multiplier is not None:
-            hidden = int(self.ffn_dim_multiplier * hidden)
-        return -(-hidden // self.multiple_of) * self.multiple_of
 
     @classmethod
     def llamagen_t2i_xl(cls, resolution: int = 256, **overrides) -> GPTConfig:

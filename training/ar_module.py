@@ -21,7 +21,7 @@ from lightning.pytorch.loggers import WandbLogger
 from mulo_sd.training.accumulation import ends_accumulation
 from mulo_sd.training.checkpoints import config_node
 from mulo_sd.training.losses import token_accuracy, token_cross_entropy
-from mulo_sd.training.optim import adamw, warmup_cosine_schedule
+from mulo_sd.training.optim import adamw, decay_matrices_only, warmup_cosine_schedule
 from omegaconf import DictConfig, OmegaConf
 
 from mulo_sd.captions import MAX_CAPTION_WORDS, VOCAB, encode_caption
@@ -152,12 +152,8 @@ class ARLightning(L.LightningModule):
 
     def configure_optimizers(self):
         o = self.optim_cfg
-        # LlamaGen's split: decay matrices and embeddings, not norm gains
         params = [p for p in self.gpt.parameters() if p.requires_grad]
-        groups = [
-            {"params": [p for p in params if p.dim() >= 2], "weight_decay": o.weight_decay},
-            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-        ]
+        groups = decay_matrices_only(params, o.weight_decay)
         optimizer = adamw(groups, o)  # each group sets its own weight_decay
         schedule = warmup_cosine_schedule(optimizer, o)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}

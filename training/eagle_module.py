@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from mulo_sd.training.caption_condition import CaptionCondition
 from mulo_sd.training.checkpoints import config_node
 from mulo_sd.training.frozen import frozen
-from mulo_sd.training.optim import adamw, warmup_cosine_schedule
+from mulo_sd.training.optim import adamw, decay_matrices_only, warmup_cosine_schedule
 from omegaconf import DictConfig, OmegaConf
 
 from mulo_sd.eagle_head import EagleHead, EagleHeadConfig
@@ -58,10 +58,7 @@ class EagleLightning(L.LightningModule):
     def configure_optimizers(self):
         o = self.optim_cfg
         params = list(self.head.parameters())
-        groups = [
-            {"params": [p for p in params if p.dim() >= 2], "weight_decay": o.weight_decay},
-            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-        ]
+        groups = decay_matrices_only(params, o.weight_decay)
         optimizer = adamw(groups, o)
         schedule = warmup_cosine_schedule(optimizer, o)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}

@@ -24,6 +24,16 @@ def adamw(params, optim: DictConfig, weight_decay: float | None = None) -> torch
     return torch.optim.AdamW(params, lr=optim.lr, betas=tuple(optim.betas), weight_decay=decay)
 
 
+def decay_matrices_only(params, weight_decay: float) -> list[dict]:
+    """LlamaGen's split into AdamW groups: weight decay on matrices and embeddings, none on norm gains and
+    biases."""
+    params = list(params)
+    return [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+
+
 def warmup_cosine_schedule(
     optimizer: torch.optim.Optimizer, o: DictConfig
 ) -> torch.optim.lr_scheduler.LRScheduler:
