@@ -21,7 +21,7 @@ from lightning.pytorch.loggers import WandbLogger
 from mulo_sd.training.accumulation import ends_accumulation
 from mulo_sd.training.checkpoints import config_node
 from mulo_sd.training.losses import token_accuracy, token_cross_entropy
-from mulo_sd.training.optim import adamw, decay_matrices_only, warmup_cosine_schedule
+from mulo_sd.training.optim import adamw_cosine, clip_by_norm
 from omegaconf import DictConfig, OmegaConf
 
 from mulo_sd.captions import MAX_CAPTION_WORDS, VOCAB, encode_caption
@@ -151,18 +151,10 @@ class ARLightning(L.LightningModule):
         return self.gpt if self.ema_gpt is None else self.ema_gpt
 
     def configure_optimizers(self):
-        o = self.optim_cfg
-        params = [p for p in self.gpt.parameters() if p.requires_grad]
-        groups = decay_matrices_only(params, o.weight_decay)
-        optimizer = adamw(groups, o)  # each group sets its own weight_decay
-        schedule = warmup_cosine_schedule(optimizer, o)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+        return adamw_cosine([p for p in self.gpt.parameters() if p.requires_grad], self.optim_cfg)
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
-        if self.optim_cfg.grad_clip:
-            self.clip_gradients(
-                optimizer, gradient_clip_val=self.optim_cfg.grad_clip, gradient_clip_algorithm="norm"
-            )
+        clip_by_norm(self, optimizer, self.optim_cfg.grad_clip)
 
     def inputs(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """(token grids [B, h, w], caption word ids [B, MAX_CAPTION_WORDS]) of a batch."""

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from mulo_sd.training.caption_condition import CaptionCondition
 from mulo_sd.training.checkpoints import config_node
 from mulo_sd.training.frozen import frozen
-from mulo_sd.training.optim import adamw, decay_matrices_only, warmup_cosine_schedule
+from mulo_sd.training.optim import adamw_cosine, clip_by_norm
 from omegaconf import DictConfig, OmegaConf
 
 from mulo_sd.eagle_head import EagleHead, EagleHeadConfig
@@ -56,18 +56,10 @@ class EagleLightning(L.LightningModule):
         self.val_sums = torch.zeros(4, dtype=torch.float64)  # feature loss, ce, top-1 hits, positions
 
     def configure_optimizers(self):
-        o = self.optim_cfg
-        params = list(self.head.parameters())
-        groups = decay_matrices_only(params, o.weight_decay)
-        optimizer = adamw(groups, o)
-        schedule = warmup_cosine_schedule(optimizer, o)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+        return adamw_cosine(self.head.parameters(), self.optim_cfg)
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
-        if self.optim_cfg.grad_clip:
-            self.clip_gradients(
-                optimizer, gradient_clip_val=self.optim_cfg.grad_clip, gradient_clip_algorithm="norm"
-            )
+        clip_by_norm(self, optimizer, self.optim_cfg.grad_clip)
 
     def losses(self, batch: dict, drop_prob: float) -> dict[str, torch.Tensor]:
         """Per-position feature loss, cross-entropy and top-1 agreement, each [B, N-1]."""

@@ -41,3 +41,17 @@ def warmup_cosine_schedule(
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: warmup_cosine(s, o.warmup_steps, o.total_steps, o.min_lr_ratio)
     )
+
+
+def adamw_cosine(params, o: DictConfig) -> dict:
+    """Lightning's `configure_optimizers` answer for an automatically optimised module: AdamW over LlamaGen's
+    decay groups of `params`, stepped per optimiser step through the warm-up/cosine schedule."""
+    optimizer = adamw(decay_matrices_only(params, o.weight_decay), o)  # each group sets its own weight_decay
+    schedule = warmup_cosine_schedule(optimizer, o)
+    return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+
+def clip_by_norm(module, optimizer: torch.optim.Optimizer, grad_clip: float | None) -> None:
+    """Lightning's `configure_gradient_clipping` body: clip the gradient norm at `grad_clip` (0/None: off)."""
+    if grad_clip:
+        module.clip_gradients(optimizer, gradient_clip_val=grad_clip, gradient_clip_algorithm="norm")
