@@ -33,6 +33,19 @@ from mulo_sd.vq import VQModel
 log = logging.getLogger(__name__)
 
 
+def token_grid(batch: dict, key: str, grid_size: tuple, expected: str, hint: str = "") -> torch.Tensor:
+    """The token grids [B, h, w] stored under `key`, checked against `grid_size` (`expected` names it in the
+    error, e.g. "the GPT's grid_size is"; `hint` says what to change)."""
+    if key not in batch:
+        raise ValueError(f"the batch has no {key!r} grid: add it to data.token_keys")
+    grid = batch[key]
+    if tuple(grid.shape[1:]) != tuple(grid_size):
+        raise ValueError(
+            f"batch[{key!r}] holds {tuple(grid.shape[1:])} grids but {expected} {grid_size}{hint}"
+        )
+    return grid
+
+
 def check_word_condition(config: GPTConfig) -> None:
     """The module feeds `encode_caption` ids: the GPT must take exactly those."""
     wanted = {"cond_type": "words", "cond_len": MAX_CAPTION_WORDS, "cond_vocab_size": len(VOCAB)}
@@ -158,14 +171,10 @@ class ARLightning(L.LightningModule):
 
     def inputs(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """(token grids [B, h, w], caption word ids [B, MAX_CAPTION_WORDS]) of a batch."""
-        if self.token_key not in batch:
-            raise ValueError(f"the batch has no {self.token_key!r} grid: add it to data.token_keys")
-        grid = batch[self.token_key]
-        if tuple(grid.shape[1:]) != self.gpt.grid_size:
-            raise ValueError(
-                f"batch[{self.token_key!r}] holds {tuple(grid.shape[1:])} grids but the GPT's grid_size is "
-                f"{self.gpt.grid_size}: token_key and model.gpt.grid_size must match"
-            )
+        grid = token_grid(
+            batch, self.token_key, self.gpt.grid_size, "the GPT's grid_size is",
+            hint=": token_key and model.gpt.grid_size must match",
+        )  # fmt: skip
         words = torch.stack([encode_caption(text, MAX_CAPTION_WORDS) for text in batch["caption"]])
         return grid, words.to(grid.device)
 

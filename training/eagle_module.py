@@ -16,6 +16,7 @@ from __future__ import annotations
 import lightning as L
 import torch
 import torch.nn.functional as F
+from mulo_sd.training.ar_module import token_grid
 from mulo_sd.training.caption_condition import CaptionCondition
 from mulo_sd.training.checkpoints import config_node
 from mulo_sd.training.frozen import frozen
@@ -63,14 +64,7 @@ class EagleLightning(L.LightningModule):
 
     def losses(self, batch: dict, drop_prob: float) -> dict[str, torch.Tensor]:
         """Per-position feature loss, cross-entropy and top-1 agreement, each [B, N-1]."""
-        if self.token_key not in batch:
-            raise ValueError(f"the batch has no {self.token_key!r} grid: add it to data.token_keys")
-        grid = batch[self.token_key]
-        if tuple(grid.shape[1:]) != self.target.grid_size:
-            raise ValueError(
-                f"batch[{self.token_key!r}] holds {tuple(grid.shape[1:])} grids, the target's grid is "
-                f"{self.target.grid_size}"
-            )
+        grid = token_grid(batch, self.token_key, self.target.grid_size, "the target's grid is")
         tokens = grid.flatten(1)
         cond, cond_mask = self.condition(batch, grid.device)
         drop = torch.rand(tokens.shape[0], device=grid.device) < drop_prob
