@@ -286,8 +286,10 @@ def test_downsampler_row_trains_and_exports(folders):
     torch.testing.assert_close(exported(ids), trained.sampler.eval()(ids), rtol=0, atol=0)
 
 
-def instantiate_module(folders, overrides: list[str], experiment="testbed/upsampler_r2") -> SamplerLightning:
-    cfg = compose_train(folders, folders["root"] / "unused", [*tiny(folders, experiment), *overrides])
+def instantiate_module(
+    folders, overrides: list[str], experiment="testbed/upsampler_r2", target: str | None = None
+) -> SamplerLightning:
+    cfg = compose_train(folders, folders["root"] / "unused", [*tiny(folders, experiment, target), *overrides])
     return hydra.utils.instantiate(cfg.model, loss=cfg.loss, _recursive_=False)
 
 
@@ -341,6 +343,42 @@ def test_acceptance_count_matches_a_hand_computation():
     counts = accepted_draft_tokens(target, words, truth, draft, sampling, neighbours, k, taus)
     assert counts.tolist() == expected
 
+
+
+def test_target_kl_row_fits_the_targets_teacher_forced_distribution(folders):
+    """loss=target_kl: the logged KL is the hand-computed KL from the target's guided, teacher-forced
+    distribution on the batch's true grid to the up-sampler's softmax, and no token CE is trained."""
+    run_dir = folders["root"] / "target_kl"
+    overrides = [*tiny(folders, target=folders["target"]), "loss=target_kl"]
+    metrics = run(compose_train(folders, run_dir, overrides))
+    assert "val/accept@0.01" in metrics and logged(run_dir, "train/kl") and not logged(run_dir, "train/ce")
+
+    module = instantiate_module(folders, ["loss=target_kl"], target=folders["target"])
+    truth = torch.randint(0, CODES, (2, 16, 16))
+    batch = {"caption": ["a red circle", "two blue stars"], "tok16": truth, "tok8": truth[:, ::2, ::2]}
+    teacher = module.target_distribution(batch, truth)
+    words = torch.stack([encode_caption(text) for text in batch["caption"]])
+    with torch.no_grad():
+        cond = module.target(truth.flatten(1), words, drop=torch.tensor([False, False]))
+        uncond = module.target(truth.flatten(1), words, drop=torch.tensor([True, True]))
+    by_hand = torch.softmax(uncond + 2.0 * (cond - uncond), dim=-1)  # [B, h*w, V], CFG 2 as configured
+    torch.testing.assert_close(teacher.flatten(2).transpose(1, 2), by_hand)
+    terms, _, _ = module.generator_terms(batch, step=0)
+    logits = module.sampler(truth[:, ::2, ::2])["logits"]
+    kl = torch.nn.functional.kl_div(
+        logits.log_softmax(1).permute(0, 2, 3, 1).flatten(0, 2),
+        by_hand.flatten(0, 1),
+        reduction="batchmean",
+    )
+    torch.testing.assert_close(terms["kl"], kl)
+    assert set(terms) == {"kl"}
+
+
+def test_target_kl_needs_a_target_and_an_up_sampler(folders):
+    with pytest.raises(Exception, match="loss.kl_weight > 0 distils the target's distribution, but there is none"):
+        instantiate_module(folders, ["loss=target_kl"])
+    with pytest.raises(Exception, match="kl_weight, mse_weight, lpips_weight and gan.weight must be 0"):
+        instantiate_module(folders, ["loss=target_kl"], "testbed/downsampler_r2")
 
 @pytest.mark.slow
 def test_two_process_cpu_ddp_ranks_see_different_data(folders, tmp_path):

@@ -49,6 +49,7 @@ from mulo_sd.training.losses import (
     LPIPS,
     AdversarialLoss,
     PatchDiscriminator,
+    distribution_kl,
     pixel_loss,
     token_cross_entropy,
 )
@@ -83,7 +84,7 @@ def uses_pixels(loss: DictConfig) -> bool:
 
 
 def check_loss(kind: str, loss: DictConfig) -> None:
-    weights = {name: loss[name] for name in ("ce_weight", "mse_weight", "lpips_weight")}
+    weights = {name: loss.get(name, 0.0) for name in ("ce_weight", "kl_weight", "mse_weight", "lpips_weight")}
     weights["gan.weight"] = loss.gan.weight
     negative = {name: w for name, w in weights.items() if w < 0}
     if negative:
@@ -92,10 +93,10 @@ def check_loss(kind: str, loss: DictConfig) -> None:
         raise ValueError(f"every loss weight is 0 ({weights}): set at least one > 0")
     if loss.pixel_path not in PIXEL_PATHS:
         raise ValueError(f"loss.pixel_path must be one of {PIXEL_PATHS}, got '{loss.pixel_path}'")
-    if kind == "down" and uses_pixels(loss):
+    if kind == "down" and (uses_pixels(loss) or weights["kl_weight"] > 0):
         raise ValueError(
             "the down-sampler trains with token cross-entropy only (loss=token_ce): "
-            f"mse_weight, lpips_weight and gan.weight must be 0, got {weights}"
+            f"kl_weight, mse_weight, lpips_weight and gan.weight must be 0, got {weights}"
         )
     if loss.gan.weight > 0 and loss.gan.weight_mode == "adaptive" and not loss.mse_weight + loss.lpips_weight:
         raise ValueError(
@@ -105,9 +106,10 @@ def check_loss(kind: str, loss: DictConfig) -> None:
 
 
 def upsampler_output(loss: DictConfig) -> str:
-    """The UpsamplerConfig.output the loss trains: logits for cross-entropy and the soft pixel path, a
-    continuous code for the straight-through pixel path."""
-    logits = loss.ce_weight > 0 or (uses_pixels(loss) and loss.pixel_path == "soft")
+    """The UpsamplerConfig.output the loss trains: logits for cross-entropy, target distillation and the soft
+    pixel path, a continuous code for the straight-through pixel path."""
+    logits = loss.ce_weight > 0 or loss.get("kl_weight", 0.0) > 0
+    logits = logits or (uses_pixels(loss) and loss.pixel_path == "soft")
     codes = uses_pixels(loss) and loss.pixel_path == "straight_through"
     return "both" if logits and codes else "code" if codes else "logits"
 
@@ -228,6 +230,10 @@ class SamplerLightning(L.LightningModule):
         # Generator steps taken; saved in checkpoints, decides when the adversarial loss starts.
         self.register_buffer("generator_step", torch.zeros((), dtype=torch.long))
         self.target, self.acceptance_note = self.load_target(target, acceptance)
+        if loss.get("kl_weight", 0.0) > 0 and self.target is None:
+            raise ValueError(
+                f"loss.kl_weight > 0 distils the target's distribution, but there is none ({self.acceptance_note})"
+            )
         if self.target is not None:
             self.taus = [float(tau) for tau in acceptance.taus]
             self.k = acceptance.k
@@ -347,10 +353,14 @@ class SamplerLightning(L.LightningModule):
         if not up:
             out = {"logits": out}
         terms, logs, fake = {}, {}, None
-        if c.ce_weight > 0:  # (pixel-only up-sampler rows skip encoding the high-res image)
+        if c.ce_weight > 0 or c.get("kl_weight", 0.0) > 0:  # (pixel-only rows skip encoding the high-res image)
             truth = self.token_grid(batch, self.output_size)
-            terms["ce"] = c.ce_weight * token_cross_entropy(out["logits"], truth, c.label_smoothing)
             logs["acc"] = (out["logits"].argmax(1) == truth).float().mean()
+        if c.ce_weight > 0:
+            terms["ce"] = c.ce_weight * token_cross_entropy(out["logits"], truth, c.label_smoothing)
+        if c.get("kl_weight", 0.0) > 0:
+            teacher = self.target_distribution(batch, truth)
+            terms["kl"] = c.kl_weight * distribution_kl(out["logits"], teacher)
         if uses_pixels(c):
             image = self.image(batch, self.high_size)
             if image is None:
@@ -375,6 +385,20 @@ class SamplerLightning(L.LightningModule):
                 )
                 logs.update(adv_logs)
         return terms, logs, fake
+
+    @torch.no_grad()
+    def target_distribution(self, batch: dict, truth: torch.Tensor) -> torch.Tensor:
+        """The target's processed distribution at each position of the ground-truth grid `truth` [B,h,w],
+        teacher-forced with the batch's captions (as the acceptance metric sees it): [B,V,h,w] probabilities."""
+        cond, cond_mask = self.condition(batch, self.device)
+        tokens = truth.flatten(1)
+        keep = torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)
+        logits = self.target(tokens, cond, cond_mask, drop=keep)
+        if self.accept_sampling.cfg_scale != 1.0:
+            unconditional = self.target(tokens, cond, cond_mask, drop=~keep)
+            logits = guide(logits, unconditional, self.accept_sampling.cfg_scale)
+        probs = process_logits(logits.float(), self.accept_sampling)  # [B, h*w, V]
+        return probs.transpose(1, 2).reshape(truth.shape[0], -1, *truth.shape[1:])
 
     def training_step(self, batch: dict, batch_idx: int) -> None:
         if self.pixel_sampler is not None:

@@ -43,3 +43,16 @@ def token_accuracy(
         return correct.float().mean()
     counted = targets != ignore_index
     return (correct & counted).sum() / counted.sum()
+
+
+def distribution_kl(logits: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
+    """Mean over grid positions of KL(teacher || softmax(logits)): logits [B,V,h,w] against the teacher's
+    probabilities [B,V,h,w] (each position sums to 1). Its gradient is softmax(logits) - teacher, the
+    soft-label cross-entropy's; the teacher's entropy only shifts the value, so a perfect match reads 0."""
+    if logits.dim() != 4 or teacher.shape != logits.shape:
+        raise ValueError(
+            f"expected logits [B,V,h,w] and teacher probabilities of the same shape, got "
+            f"{tuple(logits.shape)} and {tuple(teacher.shape)}"
+        )
+    log_q = F.log_softmax(logits.float(), dim=1)
+    return (torch.xlogy(teacher, teacher) - teacher * log_q).sum(1).mean()
