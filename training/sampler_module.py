@@ -232,7 +232,8 @@ class SamplerLightning(L.LightningModule):
         self.target, self.acceptance_note = self.load_target(target, acceptance)
         if loss.get("kl_weight", 0.0) > 0 and self.target is None:
             raise ValueError(
-                f"loss.kl_weight > 0 distils the target's distribution, but there is none ({self.acceptance_note})"
+                "loss.kl_weight > 0 distils the target's distribution, but there is none "
+                f"({self.acceptance_note})"
             )
         if self.target is not None:
             self.taus = [float(tau) for tau in acceptance.taus]
@@ -353,7 +354,8 @@ class SamplerLightning(L.LightningModule):
         if not up:
             out = {"logits": out}
         terms, logs, fake = {}, {}, None
-        if c.ce_weight > 0 or c.get("kl_weight", 0.0) > 0:  # (pixel-only rows skip encoding the high-res image)
+        # (pixel-only rows skip encoding the high-res image)
+        if c.ce_weight > 0 or c.get("kl_weight", 0.0) > 0:
             truth = self.token_grid(batch, self.output_size)
             logs["acc"] = (out["logits"].argmax(1) == truth).float().mean()
         if c.ce_weight > 0:
@@ -389,7 +391,7 @@ class SamplerLightning(L.LightningModule):
     @torch.no_grad()
     def target_distribution(self, batch: dict, truth: torch.Tensor) -> torch.Tensor:
         """The target's processed distribution at each position of the ground-truth grid `truth` [B,h,w],
-        teacher-forced with the batch's captions (as the acceptance metric sees it): [B,V,h,w] probabilities."""
+        teacher-forced with the batch's captions as the acceptance metric sees it: [B,V,h,w] probabilities."""
         cond, cond_mask = self.condition(batch, self.device)
         tokens = truth.flatten(1)
         keep = torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)
