@@ -183,12 +183,20 @@ def caption_condition(target, prompts: list[str]) -> torch.Tensor:
 
 
 def decode(
-    method: str, models: Models, prompts: list[str], knobs: dict, sampler: SamplerConfig, seed: int
+    method: str,
+    models: Models,
+    prompts: list[str],
+    knobs: dict,
+    sampler: SamplerConfig,
+    seed: int,
+    condition: tuple[torch.Tensor, torch.Tensor | None] | None = None,
 ) -> DecodeResult:
-    """Decode one image per prompt with `method` (module docstring); the batch is decoded together."""
+    """Decode one image per prompt with `method` (module docstring); the batch is decoded together.
+    `condition`: (cond, cond_mask) to decode under instead of `Models.condition(prompts)` (Tar's TA-Tok
+    features, which its first stage writes: mulo_sd/tar_decode.py)."""
     knobs = resolve_knobs(method, knobs)
     target, tokenizer = models.require("target"), models.require("vq")
-    cond, cond_mask = models.condition(prompts)
+    cond, cond_mask = models.condition(prompts) if condition is None else condition
     generator = torch.Generator(device=target.device).manual_seed(seed)
     common = dict(cond=cond, cond_mask=cond_mask, sampler=sampler, generator=generator, tokenizer=tokenizer)
     if method == "ar":

@@ -6,6 +6,8 @@ input embeddings. The K/V live in the state's tensors; each call lends them to a
   overwrites work;
 - `position_ids` = the same indices (the RoPE position of a token is its slot, padding included);
 - a 4-D boolean `attention_mask` [B', 1, n, S], True = attend (which written slots each query sees).
+The adapter keeps one StaticCache across steps: `start` builds it, `step` reuses it, re-pointing its layers
+only when a state with other K/V tensors comes in (a fork, a selection, another decode).
 
 Why boolean: transformers (4.57) hands a 4-D mask to the attention function untouched, and SDPA reads a bool
 mask as "attend here" whatever the model dtype. An additive float mask (0 / -inf) gives the same logits
@@ -54,6 +56,7 @@ class HFCausalLM:
                 f"vocabulary of {model.config.vocab_size}"
             )
         self.uncond, self.uncond_mask = uncond, uncond_mask
+        self._cache: StaticCache | None = None  # lent to the last state stepped (_lend)
 
     @property
     def num_tokens(self) -> int:
@@ -104,6 +107,7 @@ class HFCausalLM:
         logits = self._forward(state, cache, slots, **prefix)
         state.keys = [layer.keys for layer in cache.layers]  # allocated by HF on first use
         state.values = [layer.values for layer in cache.layers]
+        self._cache = cache
         state.first_logits = state.guide(logits[:, -1])
         return state
 
@@ -131,11 +135,17 @@ class HFCausalLM:
         return logits.to(torch.promote_types(logits.dtype, torch.float32))
 
     def _lend(self, state: DecodeState) -> StaticCache:
-        """A StaticCache over the state's own K/V tensors: HF's in-place writes land in the state."""
-        cache = StaticCache(config=self.model.config, max_cache_len=state.num_slots)
-        _check_layers(cache)
+        """The adapter's StaticCache over the state's own K/V tensors: HF's in-place writes land in the state.
+
+        Re-pointing a layer is a few attribute writes; a new StaticCache per step cost ~50 us at 28 layers."""
+        cache = self._cache
+        if cache is None:
+            cache = self._cache = StaticCache(config=self.model.config, max_cache_len=state.keys[0].shape[2])
+            _check_layers(cache)
         for layer, keys, values in zip(cache.layers, state.keys, state.values, strict=True):
-            layer.max_batch_size, layer.num_heads, _, layer.head_dim = keys.shape
+            if layer.is_initialized and layer.keys is keys and layer.values is values:
+                continue
+            layer.max_batch_size, layer.num_heads, layer.max_cache_len, layer.head_dim = keys.shape
             layer.dtype, layer.device = keys.dtype, keys.device
             layer.keys, layer.values = keys, values
             layer.is_initialized = True

@@ -9,15 +9,20 @@ together. The entry points take a set from the Hydra group `models` (conf/models
 Roles (`ROLES`): `vq`, `target`, the drafters `drafter_r2` / `drafter_r4` (the target's grid over r) and
 `drafter_small` (LANTERN's same-resolution drafter), `eagle_head` (EAGLE-2's draft head for the target:
 mulo_sd/eagle_head.py), the samplers `upsampler_r{2,4}` / `downsampler_r{2,4}`,
-`sceneeval` (the testbed's evaluator) and `text_encoder` (a FLAN-T5 folder for targets conditioned on T5
-caption features: mulo_sd/text.py). A set names a folder for any subset; relative folders sit under `root`.
+`sceneeval` (the testbed's evaluator), `text_encoder` (a FLAN-T5 folder for targets conditioned on T5
+caption features: mulo_sd/text.py), and Tar's first stage: `mllm` (a Qwen2-family folder) with `tatok` (the
+TA-Tok checkpoint file), which turn a prompt into the TA-Tok features its AR-DTok GPTs are conditioned on
+(mulo_sd/tar_files.py, mulo_sd/tar_decode.py). A set names a folder for any subset; relative folders sit
+under `root`.
 
 Everything that can disagree is checked from the folders' config files before any weights load, with an
 error naming the role, the file and the field: codebook size and code dimension of every GPT and sampler
 against the VQ, each drafter's grid against the target's grid over its r, the samplers' r, one condition
-kind and one caption prefix for all GPTs, the T5 folder's presence and feature width. A sampler's stored
-codebook vectors are compared with the VQ's once loaded. `dtype` applies to the AR models and the T5
-encoder (LlamaGen's sample_t2i.py runs those in bf16, the VQ in float32); VQ and samplers stay float32.
+kind and one caption prefix for all GPTs, the T5 folder's presence and feature width; for Tar, a Qwen2-family
+MLLM folder and TA-Tok features as wide as the AR-DTok's clip projection. A sampler's stored codebook
+vectors are compared with the VQ's once loaded. `dtype` applies to the AR models, the T5 encoder and the MLLM
+(LlamaGen's sample_t2i.py and Tar's t2i_inference.py run those in bf16, the VQ in float32); VQ and samplers
+stay float32.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -34,9 +40,13 @@ from mulo_sd.eagle_head import EagleHead
 from mulo_sd.gpt import GPT
 from mulo_sd.io import CONFIG_NAME
 from mulo_sd.sceneeval import SceneEval
+from mulo_sd.tar_files import TAR_FILES_HINT, check_mllm_folder, read_tatok_shape
 from mulo_sd.text import T5_FILES_HINT, T5TextEncoder, resolve_dtype, t5_feature_width
 from mulo_sd.upsampler import Upsampler
 from mulo_sd.vq import VQModel
+
+if TYPE_CHECKING:  # transformers' Qwen2 is imported only for sets that have an MLLM
+    from mulo_sd.tar_mllm import TarMLLM
 
 TESTBED_DIR = Path(__file__).resolve().parent / "assets" / "testbed"
 
@@ -55,13 +65,16 @@ MODEL_CLASSES = {
     "sceneeval": SceneEval,
 }
 TEXT_ENCODER = "text_encoder"
-ROLES = (*MODEL_CLASSES, TEXT_ENCODER)
+MLLM, TATOK = "mllm", "tatok"  # Tar's first stage: a folder and a file
+ROLES = (*MODEL_CLASSES, TEXT_ENCODER, MLLM, TATOK)
 DRAFTERS = ("drafter_r2", "drafter_r4", "drafter_small")
 SAMPLERS = ("upsampler_r2", "upsampler_r4", "downsampler_r2", "downsampler_r4")
 GPT_ROLES = ("target", *DRAFTERS)
 SCALES = {"drafter_r2": 2, "drafter_r4": 4, "drafter_small": 1, **{name: int(name[-1]) for name in SAMPLERS}}
-FAMILIES = ("testbed", "llamagen")
-CONFIG_KEYS = ("name", "family", "root", "folders", "device", "dtype", "sampler")
+FAMILIES = ("testbed", "llamagen", "tar")
+# sampler: the image-token GPTs' sampling defaults; mllm_sampler: Tar's first stage's; knobs: the set's
+# method knobs over mulo_sd.decode.RECOMMENDED (e.g. MuLo-SD's r where the set has only one drafter)
+CONFIG_KEYS = ("name", "family", "root", "folders", "device", "dtype", "sampler", "mllm_sampler", "knobs")
 
 
 def train_command(name: str, folder: str | Path = TESTBED_DIR) -> str:
@@ -77,6 +90,19 @@ def export_command(name: str, path: str | Path) -> str:
     except ValueError:
         pass  # outside the working directory: keep it absolute
     return f"mulo-train experiment=testbed/{name} export={path}"
+
+
+def _tar_hint(role: str, path: Path) -> str:
+    """How a Tar set's folder or file for `role` is made (docs/tar.md)."""
+    if role == "vq":
+        return f"convert LlamaGen's tokenizer (Tar's VQ): mulo-convert llamagen-vq vq_ds16_t2i.pt {path}"
+    if role in GPT_ROLES:
+        return f"convert a Tar AR-DTok file: mulo-convert tar-ar-dtok <ar_dtok_lp_*px.pth> {path}"
+    if role in SAMPLERS:
+        return f"train it: mulo-train experiment=tar/{role} tar.root=<models.root> export={path}"
+    if role in (MLLM, TATOK):
+        return TAR_FILES_HINT[role].format(path=path)
+    return "this family has no such model"
 
 
 def _llamagen_hint(role: str, path: Path) -> str:
@@ -152,14 +178,19 @@ class ModelSet:
                 f"model set '{self.name}' has no {role} folder{why}: set models.folders.{role}=<folder under "
                 f"models.root>; {self.hint(role, Path('<folder>'))}"
             )
-        present = (folder / CONFIG_NAME).is_file() if role != TEXT_ENCODER else folder.is_dir()
+        if role == TATOK:
+            present = folder.is_file()
+        elif role in (TEXT_ENCODER, MLLM):
+            present = folder.is_dir()
+        else:
+            present = (folder / CONFIG_NAME).is_file()
         if not present:
             raise FileNotFoundError(self.missing_message(role))
         return folder
 
     def missing_message(self, role: str) -> str:
         folder = self.folders[role]
-        if self.family == "testbed" and role != TEXT_ENCODER:
+        if self.family == "testbed" and role in MODEL_CLASSES:
             return (
                 f"testbed model '{role}' not found in {folder}: train and export it with\n"
                 f"    {export_command(role, folder)}"
@@ -171,6 +202,8 @@ class ModelSet:
             return T5_FILES_HINT.format(folder=folder)
         if self.family == "testbed":
             return f"train and export it with `{export_command(role, folder)}`"
+        if self.family == "tar":
+            return _tar_hint(role, folder)
         return _llamagen_hint(role, folder)
 
     def available(self) -> list[str]:
@@ -198,6 +231,7 @@ class Models:
     samplers: dict[str, torch.nn.Module] = field(default_factory=dict)  # upsampler_r2, downsampler_r4, ...
     sceneeval: SceneEval | None = None
     text_encoder: T5TextEncoder | None = None
+    mllm: TarMLLM | None = None  # Tar's first stage, with the TA-Tok file
     model_set: ModelSet | None = None
 
     def __post_init__(self):
@@ -210,8 +244,10 @@ class Models:
             raise ValueError(f"unknown model role '{name}'; known: {list(ROLES)}")
         if name == "vq":
             return self.tokenizer
-        if name in ("target", "sceneeval", TEXT_ENCODER):
+        if name in ("target", "sceneeval", TEXT_ENCODER, MLLM):
             return getattr(self, name)
+        if name == TATOK:  # read into the MLLM
+            return self.mllm
         return {**self.drafters, **self.samplers}.get(name)
 
     def require(self, name: str, purpose: str = ""):
@@ -235,6 +271,11 @@ class Models:
         if kind == "t5":
             features, mask = self.require(TEXT_ENCODER, "the target takes T5 caption features")(prompts)
             return features.to(target.device), mask.to(target.device)
+        if kind == "tatok":
+            raise ValueError(
+                "the target takes TA-Tok features, which Tar's MLLM writes for a prompt: decode through "
+                "mulo_sd.tar_decode.decode_tar (what mulo-decode does for a Tar set)"
+            )
         raise ValueError(f"decoding takes caption text: the target needs cond_type words or t5, not '{kind}'")
 
 
@@ -243,7 +284,8 @@ def load_model_set(
 ) -> Models:
     """Load the roles `names` of `model_set` (None: every model role that exists; the text encoder comes
     with any T5-conditioned GPT) onto `device` (None: the set's). Checks the configs before reading any
-    weights (module docstring); a role the set lacks is a FileNotFoundError saying how to make it."""
+    weights (module docstring); a role the set lacks is a FileNotFoundError saying how to make it. GPTs
+    conditioned on TA-Tok features bring the MLLM (and its TA-Tok file) with them."""
     device = model_set.device if device is None else device
     if torch.device(device).type == "cuda" and not torch.cuda.is_available():
         raise ValueError(
@@ -254,11 +296,17 @@ def load_model_set(
     unknown = sorted(set(names) - set(ROLES))
     if unknown:
         raise ValueError(f"unknown model role(s) {unknown}; known: {list(ROLES)}")
-    configs = {name: model_set.config(name) for name in names if name != TEXT_ENCODER}
+    configs = {name: model_set.config(name) for name in names if name in MODEL_CLASSES}
+    if model_set.family == "tar":
+        check_ar_dtoks(model_set, configs)
     t5 = [name for name, config in configs.items() if name in GPT_ROLES and config.cond_type == "t5"]
     if t5 and TEXT_ENCODER not in names:
         names.append(TEXT_ENCODER)
+    tatok = [name for name, config in configs.items() if name in GPT_ROLES and config.cond_type == "tatok"]
+    if (tatok or TATOK in names) and MLLM not in names:
+        names.append(MLLM)
     check_configs(model_set, configs, t5_width(model_set) if TEXT_ENCODER in names else None)
+    scale = check_tar_stage(model_set, configs) if MLLM in names else 0
     dtype = resolve_dtype(model_set.dtype)
     models = Models(folder=model_set.root or TESTBED_DIR, model_set=model_set)
     for name in configs:
@@ -277,6 +325,16 @@ def load_model_set(
         lengths = {configs[name].cond_len for name in t5} or {None}
         kwargs = {} if None in lengths else {"max_length": lengths.pop()}
         models.text_encoder = T5TextEncoder(model_set.folders[TEXT_ENCODER], device, dtype, **kwargs)
+    if MLLM in names:
+        from mulo_sd.tar_mllm import TarMLLM  # transformers' Qwen2: only for sets that have one
+
+        models.mllm = TarMLLM.from_pretrained(
+            model_set.folders[MLLM],
+            model_set.folders[TATOK],
+            device=str(device),
+            dtype=model_set.dtype,
+            scale=scale,
+        )
     if models.tokenizer is not None:
         for name, sampler in models.samplers.items():
             try:
@@ -291,6 +349,45 @@ def load_model_set(
 def t5_width(model_set: ModelSet) -> int:
     """d_model of the set's T5 folder, from its config.json; errors name what to put where."""
     return t5_feature_width(model_set.path(TEXT_ENCODER, "the T5 encoder of the set's captions"))
+
+
+def check_ar_dtoks(model_set: ModelSet, configs: dict) -> None:
+    """Raise unless every GPT of a Tar set is an AR-DTok (conditioned on TA-Tok features)."""
+    for role, config in configs.items():
+        if role in GPT_ROLES and config.cond_type != "tatok":
+            raise ValueError(
+                f"model set '{model_set.name}': {role} ({model_set.folders[role] / CONFIG_NAME}) has "
+                f"cond_type '{config.cond_type}', but a Tar set's GPTs are AR-DTok models conditioned on "
+                f"TA-Tok features (cond_type 'tatok'): {_tar_hint(role, Path('<folder>'))}"
+            )
+
+
+def check_tar_stage(model_set: ModelSet, configs: dict) -> int:
+    """Raise unless the set's MLLM folder is a Qwen2-family LM and its TA-Tok file gives features as wide
+    as every AR-DTok's clip projection takes, at a scale with as many codes as their prefix (all read
+    without loading weights). Returns that scale: the one the MLLM writes."""
+    prefix = f"model set '{model_set.name}': "
+    check_mllm_folder(model_set.path(MLLM, "Tar's MLLM, which writes the TA-Tok tokens of a prompt"))
+    tatok = model_set.path(TATOK, "the TA-Tok codebook of the MLLM's tokens")
+    shape = read_tatok_shape(tatok)
+    scale = 0
+    for role, config in configs.items():
+        if role not in GPT_ROLES:
+            continue
+        where = f"{prefix}{role} ({model_set.folders[role] / CONFIG_NAME})"
+        if config.caption_dim != shape.feature_dim:
+            raise ValueError(
+                f"{where} takes caption_dim {config.caption_dim} (its clip_proj), but the TA-Tok file "
+                f"{tatok} gives {shape.feature_dim}-d features: use the AR-DTok trained on this TA-Tok"
+            )
+        if config.cond_len not in shape.token_counts:
+            raise ValueError(
+                f"{where} has cond_len {config.cond_len}, but the TA-Tok file {tatok} writes "
+                f"{' / '.join(map(str, shape.token_counts))} codes at Tar's scales <S0>..<S2>: convert it "
+                f"with `mulo-convert tar-ar-dtok ... --cond-len <one of them>`"
+            )
+        scale = shape.token_counts.index(config.cond_len)  # one cond_len: check_configs compared them
+    return scale
 
 
 def check_configs(model_set: ModelSet, configs: dict, t5_dim: int | None) -> None:

@@ -2,8 +2,9 @@
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, StaticCache
 
+from mulo_sd import hf_adapter
 from mulo_sd.hf_adapter import HFCausalLM
 from mulo_sd.sampling import guide
 
@@ -98,6 +99,46 @@ def test_multi_token_steps_fork_and_select():
     forked = state.fork(2).select([3, 0])  # rows: prompt 1, prompt 0
     got = adapter.step(forked, tokens[[1, 0], 4:9], torch.arange(4, 9))
     torch.testing.assert_close(got, want[[1, 0], 5:10], rtol=0, atol=1e-10)
+
+
+class FreshCachePerStep(HFCausalLM):
+    """The adapter as it was before it kept its cache: a new StaticCache over the state's K/V every step."""
+
+    def _lend(self, state):
+        cache = hf_adapter.StaticCache(config=self.model.config, max_cache_len=state.num_slots)
+        for layer, keys, values in zip(cache.layers, state.keys, state.values, strict=True):
+            layer.max_batch_size, layer.num_heads, _, layer.head_dim = keys.shape
+            layer.dtype, layer.device = keys.dtype, keys.device
+            layer.keys, layer.values = keys, values
+            layer.is_initialized = True
+        return cache
+
+
+def test_one_cache_serves_every_step_and_fork_with_the_logits_of_fresh_caches(monkeypatch):
+    built = []
+
+    class CountedCache(StaticCache):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            built.append(self)
+
+    monkeypatch.setattr(hf_adapter, "StaticCache", CountedCache)
+    lm = make_lm()
+    prefix, tokens = random_ids((2, 3), OFFSET, 1), random_ids((2, GRID * GRID), VOCAB, 2)
+    results = []
+    for adapter in (make_adapter(lm), FreshCachePerStep(lm, GRID, uncond=UNCOND, image_token_offset=OFFSET)):
+        built.clear()
+        state = adapter.start(prefix, 2.5)
+        logits = decode_one_by_one(adapter, state, tokens[:, :9])
+        forked = state.fork(2).select([3, 0])  # other K/V tensors: the cache is re-pointed, not rebuilt
+        logits = torch.cat([logits, adapter.step(forked, tokens[[1, 0], 8:12], torch.arange(8, 12))], dim=1)
+        results.append((logits, len(built)))
+    (reused, reused_built), (fresh, fresh_built) = results
+    assert (reused_built, fresh_built) == (1, 1 + 8 + 1)  # start's cache, then one per step when fresh
+    torch.testing.assert_close(reused, fresh, rtol=0, atol=0)
+    torch.testing.assert_close(
+        reused[:, :9], full_forward(lm, prefix, tokens, 2.5)[:, :9], rtol=0, atol=1e-10
+    )
 
 
 def test_prefix_padding_is_invisible():

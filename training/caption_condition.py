@@ -3,7 +3,8 @@ metric): caption word ids for the testbed's word-conditioned targets, T5 feature
 LlamaGen's t2i targets. T5 features come from the batch when the shards store them
 (`data.caption_features: t5`, written by `mulo-data pretokenize --text-encoder`), else from a FLAN-T5 folder
 run on the captions; both give the same features (mulo_sd/text.py: `left_pad` of the stored rows equals the
-encoder's output).
+encoder's output). Tar's AR-DTok targets take each image's TA-Tok features, which only the shards can hold
+(`data.caption_features: tatok`, `tatok.npy` [cond_len, caption_dim]: docs/tar.md).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from mulo_sd.gpt import GPTConfig
 from mulo_sd.text import FEATURES_MEMBER, T5TextEncoder, left_pad, resolve_dtype, t5_feature_width
 
 FEATURES_KEY = FEATURES_MEMBER.removesuffix(".npy")  # the batch key of stored T5 rows
+TATOK_KEY = "tatok"  # the batch key of stored TA-Tok features (member tatok.npy)
 
 
 class CaptionCondition:
@@ -34,9 +36,15 @@ class CaptionCondition:
         self.encoder: T5TextEncoder | None = None  # loaded on first use, on the batch's device
         if config.cond_type == "words":
             check_word_condition(config)
+        elif config.cond_type == "tatok":
+            if self.folder is not None:
+                raise ValueError(
+                    f"the target takes TA-Tok features, which come from the shards ({TATOK_KEY}.npy), not "
+                    f"from a T5 folder: set model.acceptance.text_encoder=null"
+                )
         elif config.cond_type != "t5":
             raise ValueError(
-                f"the target must take caption word ids or T5 features, not '{config.cond_type}'"
+                f"the target must take caption word ids, T5 or TA-Tok features, not '{config.cond_type}'"
             )
         elif self.folder is not None and t5_feature_width(self.folder) != config.caption_dim:
             raise ValueError(
@@ -49,6 +57,8 @@ class CaptionCondition:
         if config.cond_type == "words":
             words = torch.stack([encode_caption(text, MAX_CAPTION_WORDS) for text in batch["caption"]])
             return words.to(device), None
+        if config.cond_type == "tatok":
+            return self.tatok(batch, device), None
         if FEATURES_KEY in batch:
             rows = batch[FEATURES_KEY]
             longest = max(r.shape[0] for r in rows)
@@ -69,3 +79,21 @@ class CaptionCondition:
             self.encoder = T5TextEncoder(self.folder, device, self.dtype, max_length=config.cond_len)
         features, mask = self.encoder(batch["caption"])
         return features.to(device), mask.to(device)
+
+    def tatok(self, batch: dict, device: torch.device) -> torch.Tensor:
+        """The batch's stored TA-Tok features [B, cond_len, caption_dim]."""
+        config = self.config
+        if TATOK_KEY not in batch:
+            raise ValueError(
+                f"the target takes TA-Tok features, but the batch has no '{TATOK_KEY}' rows: shards with a "
+                f"{TATOK_KEY}.npy member per image and data.caption_features={TATOK_KEY} (docs/tar.md)"
+            )
+        rows = batch[TATOK_KEY]
+        wanted = (config.cond_len, config.caption_dim)
+        wrong = sorted({tuple(r.shape) for r in rows if tuple(r.shape) != wanted})
+        if wrong:
+            raise ValueError(
+                f"the batch's {TATOK_KEY}.npy rows have shapes {wrong}, but the target takes {list(wanted)} "
+                f"(cond_len x caption_dim): store the features of the TA-Tok scale it was converted for"
+            )
+        return torch.stack(rows).to(device)

@@ -6,9 +6,13 @@ directly.
     mulo-decode method=mulo prompt="a red circle on a striped background"   # the recommended knobs
     mulo-decode method=mulo knobs.r=4 knobs.l=1 knobs.tau=0.0005
     mulo-decode models=llamagen_t2i_xl_512 models.root=/ckpts method=mulo prompt="a corgi on a beach"
+    mulo-decode models=tar_1024 models.root=/ckpts method=mulo prompt="a corgi on a beach" compare_ar=true
 
 The prompt, the method's models (the set names a folder for each) and the output path are checked before any
-model is loaded; the models' configs are checked against each other before any weights are read.
+model is loaded; the models' configs are checked against each other before any weights are read. A Tar set
+(targets conditioned on TA-Tok features) decodes in two stages, MLLM then AR-DTok, and reports each stage's
+statistics under its prefix (mulo_sd/tar_decode.py). `compare_ar=true` also decodes with plain AR under the
+same condition and reports the method's speedup (on a Tar set: of the AR-DTok stage and end to end).
 """
 
 from __future__ import annotations
@@ -23,8 +27,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from mulo_sd.captions import encode_caption
 from mulo_sd.decode import LANTERN_DRAFTER, decode, required_models, tensor_to_pil
-from mulo_sd.model_set import ModelSet, load_model_set
+from mulo_sd.model_set import MLLM, TATOK, ModelSet, load_model_set
 from mulo_sd.sampling import SamplerConfig
+from mulo_sd.tar_decode import decode_tar
 
 log = logging.getLogger(__name__)
 
@@ -91,11 +96,20 @@ def format_stats(stats: dict) -> str:
 def run(cfg: DictConfig) -> dict:
     """Decode `cfg.prompt` with `cfg.method`, write the image to `cfg.out`; return the statistics row."""
     unconditional = bool(cfg.get("unconditional"))
-    model_set = ModelSet.from_config(OmegaConf.to_container(cfg.models, resolve=True))
-    words = model_set.target_cond_type() == "words"
-    prompt = check_prompt(cfg.prompt, unconditional, words)
-    knobs = set_knobs(cfg.knobs)
+    models_cfg = OmegaConf.to_container(cfg.models, resolve=True)
+    model_set = ModelSet.from_config(models_cfg)
+    kind = model_set.target_cond_type()
+    if unconditional and kind == "tatok":
+        raise ValueError(
+            f"unconditional=true: model set '{model_set.name}' decodes the TA-Tok tokens its MLLM writes for "
+            f"a prompt, so it takes a prompt"
+        )
+    prompt = check_prompt(cfg.prompt, unconditional, kind == "words")
+    # the set's own knob defaults (e.g. tar_1024's MuLo-SD r=4), then the user's
+    knobs = {**(models_cfg.get("knobs") or {}).get(cfg.method, {}), **set_knobs(cfg.knobs)}
     names = required_models(cfg.method, knobs)  # checks the method and knobs
+    if kind == "tatok":
+        names += [MLLM, TATOK]
     for name in names:  # a role the set lacks fails before anything loads
         model_set.path(name, LANTERN_DRAFTER if name == "drafter_small" else f"method={cfg.method} uses it")
     out = prepare_output(cfg.out)
@@ -105,10 +119,26 @@ def run(cfg: DictConfig) -> dict:
     sampler = OmegaConf.to_container(cfg.sampler, resolve=True)
     if unconditional:  # guided logits u + 0 * (c - u): the unconditional branch (the CFG null caption) alone
         sampler["cfg_scale"] = 0.0
-    result = decode(cfg.method, models, [prompt], knobs, SamplerConfig(**sampler), cfg.seed)
+    sampler = SamplerConfig(**sampler)
+    compare_ar = bool(cfg.get("compare_ar"))
+    if kind == "tatok":
+        if not models_cfg.get("mllm_sampler"):
+            raise ValueError(
+                f"model set '{model_set.name}' has no mllm_sampler, which Tar's MLLM samples with"
+            )
+        mllm_sampler = SamplerConfig(**models_cfg["mllm_sampler"])
+        tar = decode_tar(cfg.method, models, [prompt], knobs, sampler, mllm_sampler, cfg.seed, compare_ar)
+        result, row = tar.result, tar.as_dict()
+    else:
+        result = decode(cfg.method, models, [prompt], knobs, sampler, cfg.seed)
+        row = result.stats.as_dict()
+        if compare_ar:
+            reference = decode("ar", models, [prompt], {}, sampler, cfg.seed)
+            row["ar_wall_s"] = reference.stats.wall_seconds
+            row["speedup"] = reference.stats.wall_seconds / result.stats.wall_seconds
     tensor_to_pil(result.image[0]).save(out)
     log.info("wrote %s", out)
-    return result.stats.as_dict()
+    return row
 
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="decode")
