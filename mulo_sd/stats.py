@@ -1,7 +1,10 @@
-"""The statistics record every decoding method (ar, zipar, lantern, mulo) fills in, with exact definitions.
+"""The statistics record every decoding method (ar, zipar, lantern, eagle2, mulo) fills in, with exact
+definitions.
 
 Counts of model calls are per decode call (the batch shares one schedule). Token counts are summed over the
-batch (divide by `batch_size` for per-image figures).
+batch (divide by `batch_size` for per-image figures). The call counts, sequential_steps and tokens_evaluated
+are recorded by the model wrappers of methods/instrumented.py (`record_call` holds the rule); the methods
+count drafts, acceptances, islands and cycles themselves.
 
 - batch_size: images decoded (adds up when records of several batches are merged with `add`).
 - target_forwards: calls into the target model: `start` (the condition prefix) counts as one, every `step`
@@ -9,7 +12,8 @@ batch (divide by `batch_size` for per-image figures).
 - drafter_forwards: the same for the drafter model.
 - upsampler_calls / downsampler_calls: calls of U_r / D_r (one call over any number of rows).
 - sequential_steps: length of the critical path of model calls (target, drafter, up/down-sampler): calls
-  that must wait for each other. For `ar` and `zipar` it equals target_forwards.
+  that must wait for each other. Every call waits on the one before it (`record_call`), so it is the sum of
+  the four call counts; for `ar` and `zipar` it equals target_forwards.
 - tokens_drafted: draft tokens proposed for verification by the target.
 - tokens_accepted / tokens_rejected: draft tokens that passed / failed the accept rule.
 - tokens_resampled: grid positions the target sampled again after a rejection (islands, or the raster tail).
@@ -49,6 +53,13 @@ COUNTS = (
     "tokens_evaluated",
     "cycles",
 )
+# model role -> the count of its calls
+CALL_COUNTERS = {
+    "target": "target_forwards",
+    "drafter": "drafter_forwards",
+    "upsampler": "upsampler_calls",
+    "downsampler": "downsampler_calls",
+}
 
 
 @dataclass
@@ -72,15 +83,22 @@ class DecodeStats:
     wall_seconds: float = 0.0
     device: torch.device | None = field(default=None, repr=False, compare=False)
 
-    def target_forward(self, tokens: int, sequential: bool = True) -> None:
-        """Count one target call that fed `tokens` image tokens (0 for `start`), summed over the batch."""
-        self.target_forwards += 1
-        self.tokens_evaluated += tokens
-        self.sequential_steps += int(sequential)
+    def record_call(self, role: str, tokens: int) -> None:
+        """Count one model call (methods/instrumented.py records every call here; no method counts by hand).
+        role: 'target', 'drafter', 'upsampler' or 'downsampler'; tokens: image tokens fed, summed over the
+        batch (only the target's enter a statistic: tokens_evaluated).
 
-    def drafter_forward(self, sequential: bool = True) -> None:
-        self.drafter_forwards += 1
-        self.sequential_steps += int(sequential)
+        Every call waits on the call recorded before it: the methods issue one model call at a time, each
+        built from what the calls before it returned (sampled tokens, drafts) or wrote into a cache, and a
+        parallel pass is always one call (ZipAR's rows, MuLo-SD's islands), so each call is one step of the
+        critical path."""
+        counter = CALL_COUNTERS.get(role)
+        if counter is None:
+            raise ValueError(f"unknown model role '{role}'; one of {list(CALL_COUNTERS)}")
+        setattr(self, counter, getattr(self, counter) + 1)
+        if role == "target":
+            self.tokens_evaluated += tokens
+        self.sequential_steps += 1
 
     def _sync(self) -> None:
         if self.device is not None and torch.device(self.device).type == "cuda":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from mulo_sd.methods.instrumented import Recorded
 from mulo_sd.methods.result import DecodeResult, finish
 from mulo_sd.sampling import SamplerConfig, process_logits, sample
 from mulo_sd.stats import DecodeStats
@@ -25,16 +26,15 @@ def decode_ar(
     h, w = model.grid_size
     batch = cond.shape[0]
     stats = DecodeStats(batch_size=batch, device=cond.device)
+    model = Recorded(model, "target", stats)
     tokens = torch.empty(batch, h * w, dtype=torch.long, device=cond.device)
     positions = torch.arange(h * w, device=cond.device)
     with stats.wall():
         with stats.phase("prefill"):
             state = model.start(cond, sampler.cfg_scale, cond_mask=cond_mask)
-            stats.target_forward(tokens=0)
             tokens[:, 0] = sample(process_logits(state.first_logits, sampler), generator)
         with stats.phase("decode"):
             for i in range(h * w - 1):
                 logits = model.step(state, tokens[:, i : i + 1], positions[i : i + 1])
-                stats.target_forward(tokens=batch)
                 tokens[:, i + 1] = sample(process_logits(logits[:, 0], sampler), generator)
     return finish(tokens.view(batch, h, w), stats, tokenizer)

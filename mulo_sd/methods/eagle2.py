@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import torch
 
+from mulo_sd.methods.instrumented import DRAFT_HEAD, Recorded
 from mulo_sd.methods.result import DecodeResult, finish
 from mulo_sd.sampling import SamplerConfig, process_logits, sample
 from mulo_sd.stats import DecodeStats
@@ -125,10 +126,9 @@ def _embed(target, tokens: torch.Tensor, rows: int) -> torch.Tensor:
     return target.tok_embeddings(tokens.to(target.device)).unsqueeze(0).expand(rows, -1, -1)
 
 
-def _draft(target, head, head_state, features, embeddings, positions, size, depth, top_k, stats) -> _Tree:
+def _draft(target, head, head_state, features, embeddings, positions, size, depth, top_k) -> _Tree:
     """Feed the newly committed positions to the head, then grow the dynamic tree level by level."""
     predicted = head.step(head_state, features, embeddings, positions)[:, -1]  # [B', dim]: after the root
-    stats.drafter_forward()
     root_position = int(positions[-1])
     levels = min(depth, size - 1 - root_position)
     tree = _Tree()
@@ -151,7 +151,6 @@ def _draft(target, head, head_state, features, embeddings, positions, size, dept
             head_state, fed, _embed(target, tokens, rows), torch.tensor(head_positions),
             parents=torch.tensor(head_parents), first=first,
         )  # fmt: skip
-        stats.drafter_forward()
         best = _draft_log_probs(target, head_state, out).topk(top_k)  # [frontier, top_k]
         cumulative = torch.tensor([tree.scores[node] for node in frontier])[:, None] + best.values.cpu()
         children = []
@@ -169,12 +168,12 @@ def _decode_image(target, head, cond, cond_mask, sampler, generator, depth, top_
     height, width = target.grid_size
     size = height * width
     stats = DecodeStats(batch_size=1, device=cond.device)
+    target, head = Recorded(target, "target", stats), Recorded(head, "drafter", stats, DRAFT_HEAD)
     values = torch.zeros(size, dtype=torch.long)
     features: dict[int, torch.Tensor] = {}  # position p -> the target's features f_p [B', dim] predicting x_p
     with stats.wall():
         with stats.phase("prefill"):
             state = target.start(cond, sampler.cfg_scale, cond_mask=cond_mask)
-            stats.target_forward(tokens=0)
             state.add_tree_slots(total_tokens + 1)
             rows = state.written.shape[0]
             head_state = head.start(rows, sampler.cfg_scale, max(1, (depth - 1) * top_k))
@@ -188,7 +187,7 @@ def _decode_image(target, head, cond, cond_mask, sampler, generator, depth, top_
                 positions = torch.arange(head_fed, done)
                 fed = torch.stack([features[p] for p in range(head_fed, done)], dim=1)
                 embeddings = _embed(target, values[head_fed:done], rows)
-                tree = _draft(target, head, head_state, fed, embeddings, positions, size, depth, top_k, stats)
+                tree = _draft(target, head, head_state, fed, embeddings, positions, size, depth, top_k)
                 head_fed = done
                 kept = tree.most_confident(total_tokens)
             root = done - 1
@@ -201,7 +200,6 @@ def _decode_image(target, head, cond, cond_mask, sampler, generator, depth, top_
                 logits, hidden = target.step_tree(
                     state, torch.tensor([tokens]), torch.tensor(node_positions), torch.tensor(parents)
                 )
-                stats.target_forward(tokens=len(tokens))
                 probs = process_logits(logits[0], sampler)
             with stats.phase("accept"):
                 children: dict[int, list[int]] = {}

@@ -12,7 +12,7 @@ target's distribution, and with greedy sampling they equal greedy `decode_ar`'s 
 so the pooled neighbours carry no mass below any delta < 1 and that holds for every such delta).
 
 All randomness (drafts, acceptance uniforms, resampling) comes from `generator`. Slots holding a dropped or
-outdated token are rewritten by the next call of that model reaching past them (mulo.SlotGrid). Rows of a
+outdated token are rewritten by the next call of that model reaching past them (grid_fill.SlotGrid). Rows of a
 batch are decoded one image at a time; statistics are the per-image records merged with `DecodeStats.add`.
 
 Statistics: target_forwards = `start` + one verification per cycle; drafter_forwards = `start` + draft
@@ -27,7 +27,8 @@ from __future__ import annotations
 import torch
 
 from mulo_sd.accept import check_neighbour_knobs, lantern_relaxed_probability, lantern_residual
-from mulo_sd.methods.mulo import NOTHING, SlotGrid, step_grid
+from mulo_sd.methods.grid_fill import NOTHING, SlotGrid, step_grid
+from mulo_sd.methods.instrumented import Recorded
 from mulo_sd.methods.result import DecodeResult, finish
 from mulo_sd.sampling import SamplerConfig, process_logits, sample
 from mulo_sd.stats import DecodeStats
@@ -79,13 +80,12 @@ def _decode_image(target, drafter, cond, cond_mask, sampler, generator, k, delta
     height, width = target.grid_size
     size = height * width
     stats = DecodeStats(batch_size=1, device=cond.device)
+    target, drafter = Recorded(target, "target", stats), Recorded(drafter, "drafter", stats)
     committed, drafts = SlotGrid(size), SlotGrid(size)  # the target's and the drafter's view of the grid
     with stats.wall():
         with stats.phase("prefill"):
             target_state = target.start(cond, sampler.cfg_scale, cond_mask=cond_mask)
-            stats.target_forward(tokens=0)
             drafter_state = drafter.start(cond, sampler.cfg_scale, cond_mask=cond_mask)
-            stats.drafter_forward()
         done = 0
         while done < size:
             stats.cycles += 1
@@ -98,7 +98,6 @@ def _decode_image(target, drafter, cond, cond_mask, sampler, generator, k, delta
                     else:
                         positions = sorted({p - 1, *drafts.stale(below=p - 1)})
                         logits = step_grid(drafter, drafter_state, drafts, positions)[positions.index(p - 1)]
-                        stats.drafter_forward()
                     draft_probs.append(process_logits(logits, sampler))
                     drafts.values[p] = sample(draft_probs[-1], generator).cpu()
             draft = drafts.values[done : done + count].clone()
@@ -113,7 +112,6 @@ def _decode_image(target, drafter, cond, cond_mask, sampler, generator, k, delta
                     outputs = dict(
                         zip(positions, step_grid(target, target_state, committed, positions), strict=True)
                     )
-                    stats.target_forward(tokens=len(positions))
                 rows = [target_state.first_logits[0]] if done == 0 else []
                 rows += [outputs[p - 1] for p in range(max(done, 1), min(done + count + 1, size))]
                 probs = process_logits(torch.stack(rows), sampler)

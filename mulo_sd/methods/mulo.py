@@ -46,9 +46,10 @@ Project decisions:
 - The rows of a batch are decoded one image at a time (their accept patterns, hence schedules, differ); the
   statistics are the per-image records merged with `DecodeStats.add`.
 
-Statistics: target_forwards = target `start` + verifications + island steps + refreshes; drafter_forwards =
-drafter `start` + draft calls; sequential_steps counts every model, up-sampler and down-sampler call (all
-are on the critical path here); tokens_drafted = positions verified; tokens_accepted = draft tokens kept as
+Statistics (the call counts and sequential_steps recorded by the model wrappers, methods/instrumented.py):
+target_forwards = target `start` + verifications + island steps + refreshes; drafter_forwards = drafter
+`start` + draft calls; sequential_steps counts every model, up-sampler and down-sampler call (each waits on
+the one before it); tokens_drafted = positions verified; tokens_accepted = draft tokens kept as
 final; tokens_rejected = positions failing the accept rule (raster: the first one, t0, as later positions
 are discarded unjudged); tokens_resampled = positions the target sampled (islands; raster: t0);
 islands_per_cycle / island_sizes: the islands of each cycle (raster: {t0} counts as one island of size 1).
@@ -71,118 +72,13 @@ import torch
 
 from mulo_sd.accept import accept_pooled, check_neighbour_knobs
 from mulo_sd.islands import expand_rejections, find_islands
+from mulo_sd.methods.grid_fill import NOTHING, OUTDATED, SlotGrid, fill, step_grid
+from mulo_sd.methods.instrumented import DOWNSAMPLER, UPSAMPLER, Recorded
 from mulo_sd.methods.result import DecodeResult, finish
 from mulo_sd.sampling import SamplerConfig, process_logits, sample
 from mulo_sd.stats import DecodeStats
 
 REJECTIONS = ("local", "naive", "raster")
-NOTHING = -1  # SlotGrid: no token (value not sampled yet / slot never written)
-STAND_IN = -2  # SlotGrid.written: the slot holds a ZipAR stand-in
-OUTDATED = -3  # SlotGrid.written: the slot must be rewritten (its low-res row changed)
-
-
-class SlotGrid:
-    """One image's token grid as one model sees it: the current token of every grid position (`values`,
-    NOTHING while unknown) and the token whose K/V that model's slot holds (`written`). int64 [N], CPU."""
-
-    def __init__(self, size: int):
-        self.values = torch.full((size,), NOTHING, dtype=torch.long)
-        self.written = torch.full((size,), NOTHING, dtype=torch.long)
-
-    def stale(self, below: int) -> list[int]:
-        """Positions < below with a known token that their slot does not hold."""
-        values, written = self.values[:below], self.written[:below]
-        return ((values >= 0) & (written != values)).nonzero()[:, 0].tolist()
-
-    def forget(self, state, first: int) -> None:
-        """Drop positions >= first: unknown values, slots unwritten (the cache's mask stops showing them)."""
-        self.values[first:] = NOTHING
-        self.written[first:] = NOTHING
-        state.written[:, state.cond_len + first :] = False
-
-
-def step_grid(model, state, grid: SlotGrid, positions: list[int]) -> torch.Tensor:
-    """One `step` feeding the grid's current tokens at `positions` (sorted, distinct) -> guided logits [n, V]
-    of batch row 0. An unknown token is replaced by the newest known token before it (ZipAR stand-in)."""
-    index = torch.tensor(positions, dtype=torch.long)
-    tokens = grid.values[index].clone()
-    for i in (tokens < 0).nonzero()[:, 0].tolist():
-        tokens[i] = grid.values[(grid.values[: positions[i]] >= 0).nonzero()[-1, 0]]
-    device = state.first_logits.device
-    logits = model.step(state, tokens[None].to(device), index.to(device))
-    grid.written[index] = torch.where(grid.values[index] < 0, STAND_IN, tokens)
-    return logits[0]
-
-
-def fill(
-    model,
-    state,
-    grid: SlotGrid,
-    groups: list[list[list[int]]],
-    window: int | None,
-    sampler: SamplerConfig,
-    generator: torch.Generator,
-    on_call,
-    known: dict[int, torch.Tensor] | None = None,
-    split: bool = False,
-) -> None:
-    """Sample every position of `groups` into grid.values with `model`. A group is a list of rows, a row a
-    list of raster positions (left to right). Every step samples the next position of each active row: row
-    i of a group is active once row i - 1 is complete (`window` None: raster order in the group) or holds
-    `window` tokens (ZipAR). Position u is drawn from the query at u - 1 (u = 0: `state.first_logits`) or from
-    `known` (processed distributions valid in the current context, e.g. the verification's, used at the first
-    step). Each call also rewrites the stale slots below its queries. `split`: one call per run of fed
-    positions of one group instead of one call per step (same contexts, more calls). `on_call(tokens)` is
-    told about every call."""
-    known = dict(known or {})
-    owner = {p: g for g, rows in enumerate(groups) for row in rows for p in row}
-    filled = [[0] * len(rows) for rows in groups]
-    while True:
-        queries = []  # (position, group, row)
-        for g, rows in enumerate(groups):
-            for i, row in enumerate(rows):
-                if filled[g][i] == len(row):
-                    continue
-                above = len(rows[i - 1]) if window is None else min(window, len(rows[i - 1]))
-                if i == 0 or filled[g][i - 1] >= above:
-                    queries.append((row[filled[g][i]], g, i))
-        if not queries:
-            return
-        queries.sort()
-        probs = {}
-        for u, _, _ in queries:
-            if u in known:
-                probs[u] = known.pop(u)
-            elif u == 0:
-                probs[u] = process_logits(state.first_logits[0], sampler)
-        asks = [u for u, _, _ in queries if u not in probs]
-        if asks:
-            feeds = {u - 1: owner[u] for u in asks}  # fed position -> group it serves
-            for p in grid.stale(below=max(feeds)):
-                feeds.setdefault(p, owner.get(p, -1))
-            positions = sorted(feeds)
-            calls = _runs(positions, feeds) if split else [positions]
-            outputs = {}
-            for call in calls:
-                outputs.update(zip(call, step_grid(model, state, grid, call), strict=True))
-                on_call(len(call))
-            asked = process_logits(torch.stack([outputs[u - 1] for u in asks]), sampler)
-            probs.update(zip(asks, asked, strict=True))
-        tokens = sample(torch.stack([probs[u] for u, _, _ in queries]), generator).cpu()
-        grid.values[[u for u, _, _ in queries]] = tokens
-        for _, g, i in queries:
-            filled[g][i] += 1
-
-
-def _runs(positions: list[int], owners: dict[int, int]) -> list[list[int]]:
-    """Split sorted positions into maximal runs of consecutive entries with the same owner."""
-    runs: list[list[int]] = []
-    for p in positions:
-        if runs and owners[runs[-1][-1]] == owners[p]:
-            runs[-1].append(p)
-        else:
-            runs.append([p])
-    return runs
 
 
 @dataclass
@@ -292,20 +188,16 @@ class ImageDecode:
     """One image (batch of 1) decoded with MuLo-SD: the models, both grids and the statistics."""
 
     def __init__(self, target, drafter, upsampler, downsampler, sampler, generator, knobs: Knobs, device):
-        self.target, self.drafter, self.upsampler, self.downsampler = target, drafter, upsampler, downsampler
+        self.stats = stats = DecodeStats(batch_size=1, device=device)
+        self.target, self.drafter = Recorded(target, "target", stats), Recorded(drafter, "drafter", stats)
+        self.upsampler = Recorded(upsampler, "upsampler", stats, UPSAMPLER)
+        self.downsampler = Recorded(downsampler, "downsampler", stats, DOWNSAMPLER)
         self.sampler, self.generator, self.knobs = sampler, generator, knobs
         self.height, self.width = target.grid_size
         self.low_height, self.low_width = drafter.grid_size
         self.high = SlotGrid(self.height * self.width)
         self.low = SlotGrid(self.low_height * self.low_width)
-        self.stats = DecodeStats(batch_size=1, device=device)
         self.device = device
-
-    def target_call(self, tokens: int) -> None:
-        self.stats.target_forward(tokens=tokens)
-
-    def drafter_call(self, tokens: int) -> None:
-        self.stats.drafter_forward()
 
     def run(self, cond: torch.Tensor, cond_mask: torch.Tensor | None) -> torch.Tensor:
         """-> tokens int64 [H*W] on CPU."""
@@ -313,9 +205,7 @@ class ImageDecode:
         with stats.wall():
             with stats.phase("prefill"):
                 self.target_state = self.target.start(cond, self.sampler.cfg_scale, cond_mask=cond_mask)
-                stats.target_forward(tokens=0)
                 self.drafter_state = self.drafter.start(cond, self.sampler.cfg_scale, cond_mask=cond_mask)
-                stats.drafter_forward()
             committed = 0  # high-res positions committed: always a raster prefix
             prefix_rows = 0  # low-res rows the drafter holds as its (down-sampled) prefix
             while committed < size:
@@ -346,19 +236,14 @@ class ImageDecode:
 
     def draft(self, first_row: int, last_row: int) -> None:
         """The drafter samples low-res rows [first_row, last_row), serially or ZipAR-style."""
-        width = self.low_width
+        width, window = self.low_width, self.knobs.draft_window
         rows = [list(range(j * width, (j + 1) * width)) for j in range(first_row, last_row)]
-        fill(
-            self.drafter, self.drafter_state, self.low, [rows], self.knobs.draft_window, self.sampler,
-            self.generator, self.drafter_call,
-        )  # fmt: skip
+        fill(self.drafter, self.drafter_state, self.low, [rows], window, self.sampler, self.generator)
 
     def upsample(self, first_row: int, last_row: int, start: int, end: int) -> None:
         """Up-sample the new low-res rows; positions [start, end) of their high-res rows become the draft."""
         prefix = self.low.values[: last_row * self.low_width].view(1, last_row, self.low_width)
         new_rows = self.upsampler.upsample_rows(prefix.to(self.device), first_row).reshape(-1).cpu()
-        self.stats.upsampler_calls += 1
-        self.stats.sequential_steps += 1
         self.high.values[start:end] = new_rows[start - first_row * self.knobs.r * self.width :]
         self.stats.tokens_drafted += end - start
 
@@ -370,7 +255,6 @@ class ImageDecode:
         outputs = {}
         if positions:
             outputs = dict(zip(positions, step_grid(self.target, state, self.high, positions), strict=True))
-            self.target_call(len(positions))
         rows = [state.first_logits[0]] if start == 0 else []
         rows += [outputs[p - 1] for p in range(max(start, 1), end)]
         return process_logits(torch.stack(rows), self.sampler)
@@ -415,14 +299,13 @@ class ImageDecode:
             known = {island[0][0]: probs[island[0][0] - start] for island in islands}
             fill(
                 self.target, self.target_state, self.high, islands, knobs.island_zipar_window, self.sampler,
-                self.generator, self.target_call, known, split=not knobs.parallel,
+                self.generator, known, split=not knobs.parallel,
             )  # fmt: skip
         if knobs.refresh_after_resample:
             with stats.phase("refresh"):
                 positions = list(range(islands[0][0][0], end - 1))  # t0 .. the last one predicting a position
                 if positions:
                     step_grid(self.target, self.target_state, self.high, positions)
-                    self.target_call(len(positions))
 
     def rewind_drafter(self, committed: int, prefix_rows: int, last_row: int) -> int:
         """Give the drafter the low-res rows under the committed high-res rows; -> its prefix row count."""
@@ -431,8 +314,6 @@ class ImageDecode:
         if complete > prefix_rows:
             committed_rows = self.high.values[: complete * r * width].view(1, complete * r, width)
             new = self.downsampler.downsample(committed_rows.to(self.device)).reshape(-1).cpu()
-            self.stats.downsampler_calls += 1
-            self.stats.sequential_steps += 1
             changed = (new != low.values[: complete * low_width]).view(complete, low_width).any(1)
             low.values[: complete * low_width] = new
             for row in changed.nonzero()[:, 0].tolist():  # rewritten by the next drafter call

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import torch
 
+from mulo_sd.methods.instrumented import Recorded
 from mulo_sd.methods.result import DecodeResult, finish
 from mulo_sd.sampling import SamplerConfig, process_logits, sample
 from mulo_sd.stats import DecodeStats
@@ -52,13 +53,13 @@ def decode_zipar(
     batch = cond.shape[0]
     device = cond.device
     stats = DecodeStats(batch_size=batch, device=device)
+    model = Recorded(model, "target", stats)
     grid = torch.full((batch, h * w), -1, dtype=torch.long, device=device)  # raster order; -1: not sampled
     filled = [0] * h  # tokens sampled per row
     written = [0] * h  # tokens of the row whose K/V is in the cache
     with stats.wall():
         with stats.phase("prefill"):
             state = model.start(cond, sampler.cfg_scale, cond_mask=cond_mask)
-            stats.target_forward(tokens=0)
             grid[:, 0] = sample(process_logits(state.first_logits, sampler), generator)
             filled[0] = 1
         with stats.phase("decode"):
@@ -79,7 +80,6 @@ def decode_zipar(
                         targets.append((row + 1) * w)
                 written = list(filled)
                 logits = model.step(state, grid[:, sources], torch.tensor(slots, device=device))
-                stats.target_forward(tokens=batch * len(sources))
                 used = [i for i, target in enumerate(targets) if target is not None]
                 predicted = [targets[i] for i in used]
                 grid[:, predicted] = sample(process_logits(logits[:, used], sampler), generator)

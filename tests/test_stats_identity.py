@@ -1,0 +1,79 @@
+"""Tokens and statistics of every method, pinned: sha256 of the token grid and the stats row (times left out)
+of fixed-seed decodes with the tiny float64 models of test_mulo / test_eagle2, recorded before the call
+counting moved into model wrappers (mulo_sd/methods/instrumented.py) and the islands onto scipy. A change
+of any token or any count fails here."""
+
+import hashlib
+import json
+
+import pytest
+import torch
+
+from mulo_sd.methods import decode_ar, decode_eagle2, decode_lantern, decode_mulo, decode_zipar
+from mulo_sd.sampling import SamplerConfig
+from tests.test_eagle2 import tiny_head
+from tests.test_mulo import H, RepeatUpsampler, StridedDownsampler, W, tiny_gpt
+
+SAMPLED = SamplerConfig(temperature=1.0, cfg_scale=2.0)
+COND = torch.tensor([[1, 4, 7], [2, 2, 9]])  # two prompts
+NEIGHBOURS = torch.arange(32)[:, None].repeat(1, 4)
+MULO = {
+    "mulo-local-zipar": {"rejection": "local", "l": 1, "island_zipar_window": 2, "draft_window": 2},
+    "mulo-local-rows": {"rejection": "local", "l": 1, "rows_per_cycle": 2, "tau": 0.01},
+    "mulo-naive-serial-refresh": {
+        "rejection": "naive",
+        "parallel": False,
+        "refresh_after_resample": True,
+        "rows_per_cycle": 1,
+    },
+    "mulo-raster": {"rejection": "raster", "rows_per_cycle": 2, "tau": 0.001},
+}
+EXPECTED = {  # recorded with the runtime of commit 3c963fc and again after the change: the same
+    "ar": "2b487a6a379de046",
+    "zipar": "5c5048e1ce770026",
+    "lantern": "f660b2e9552402d1",
+    "eagle2": "f89bd56028dd86e7",
+    "mulo-local-zipar": "70b498aecfcd20e1",
+    "mulo-local-rows": "5f5e53f6b2070a91",
+    "mulo-naive-serial-refresh": "9689f4ffd03a90ee",
+    "mulo-raster": "5bbf009883794ab6",
+}
+
+
+def decode(name, models):
+    target, drafter, low_drafter, head = models
+    generator = torch.Generator().manual_seed(3)
+    if name == "ar":
+        return decode_ar(target, COND, SAMPLED, generator)
+    if name == "zipar":
+        return decode_zipar(target, COND, SAMPLED, generator, window=2)
+    if name == "lantern":
+        return decode_lantern(
+            target, drafter, COND, SAMPLED, generator, k=2, delta=0.2, neighbours=NEIGHBOURS, draft_len=3
+        )
+    if name == "eagle2":
+        return decode_eagle2(target, head, COND, SAMPLED, generator, depth=3, top_k=3, total_tokens=6)
+    knobs = {"tau": 0.02, "k": 2, **MULO[name]}
+    return decode_mulo(
+        target, low_drafter, RepeatUpsampler(2), StridedDownsampler(2), COND, SAMPLED, generator,
+        neighbours=NEIGHBOURS, **knobs,
+    )  # fmt: skip
+
+
+def fingerprint(result) -> str:
+    row = {k: v for k, v in result.stats.as_dict().items() if not k.startswith("time_") and k != "wall_s"}
+    row["island_sizes"] = result.stats.island_sizes
+    row["accepted_per_cycle"] = result.stats.accepted_per_cycle
+    text = json.dumps(row, sort_keys=True) + str(result.tokens.tolist())
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@pytest.fixture(scope="module")
+def models():
+    target = tiny_gpt((H, W), 0)
+    return target, tiny_gpt((H, W), 1), tiny_gpt((H // 2, W // 2), 1), tiny_head(target, 1)
+
+
+@pytest.mark.parametrize("name", ["ar", "zipar", "lantern", "eagle2", *MULO])
+def test_tokens_and_statistics_are_unchanged(models, name):
+    assert fingerprint(decode(name, models)) == EXPECTED[name]
