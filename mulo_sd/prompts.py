@@ -2,8 +2,12 @@
 record and its real rendering (the reference images of the Frechet distance).
 
 The testbed trains on SynthScenes streams 1 (train) and 2 (validation), see conf/data/synthscenes.yaml;
-evaluation uses stream `EVAL_SEED`, which no model has seen. Scene i of a stream is the same on every machine
-(synthscenes.render_scene), so `evaluation_prompts(n)` is the first n scenes of it, always.
+evaluation uses streams no model has seen. Scene i of a stream is the same on every machine
+(synthscenes.render_scene), so a split and a count name a fixed prompt set:
+- "dev": the first n scenes of stream `DEV_STREAM` (3), the prompts knobs are chosen on;
+- "test": the first n scenes of stream `TEST_STREAM` (4), the prompts results are reported on;
+- "all": no split, the first n scenes of stream `seed` (default `EVAL_SEED`, the dev stream).
+Dev and test come from different streams, so they never share a scene, whatever the counts.
 """
 
 from __future__ import annotations
@@ -17,6 +21,9 @@ from PIL import Image
 from mulo_sd.synthscenes import render_scene
 
 EVAL_SEED = 3
+DEV_STREAM = EVAL_SEED  # the README's knob settings were chosen on this stream's first 128 scenes
+TEST_STREAM = 4
+SPLITS = ("dev", "test", "all")
 TESTBED_IMAGE_SIZE = 128  # the testbed target's images: 16 x 16 tokens of the ds8 VQ
 
 
@@ -26,6 +33,7 @@ class Prompt:
     caption: str
     attributes: dict  # the SynthScenes record (what SceneEval's checks should find)
     image: torch.Tensor  # the real scene [3, S, S] in [-1, 1]
+    split: str = "all"  # dev, test or all (module docstring); (split, index) names a prompt uniquely
 
 
 def pil_to_tensor(image: Image.Image) -> torch.Tensor:
@@ -34,12 +42,23 @@ def pil_to_tensor(image: Image.Image) -> torch.Tensor:
     return torch.from_numpy(array).permute(2, 0, 1) / 127.5 - 1.0
 
 
-def evaluation_prompts(n: int, seed: int = EVAL_SEED, image_size: int = TESTBED_IMAGE_SIZE) -> list[Prompt]:
-    """The first n scenes of SynthScenes stream `seed`, rendered at `image_size` px."""
+def evaluation_prompts(
+    n: int, seed: int = EVAL_SEED, image_size: int = TESTBED_IMAGE_SIZE, split: str = "all"
+) -> list[Prompt]:
+    """The first n scenes of the split's stream (module docstring; `seed` picks the stream of split "all"
+    only), rendered at `image_size` px."""
     if n < 1:
         raise ValueError(f"need at least one prompt, got n={n}")
+    if split not in SPLITS:
+        raise ValueError(f"prompts.split must be one of {SPLITS}, got {split!r}")
+    if split != "all" and seed != EVAL_SEED:
+        raise ValueError(
+            f"prompts.seed={seed} picks the stream of split 'all' only; the dev and test splits are the "
+            f"fixed streams {DEV_STREAM} and {TEST_STREAM}"
+        )
+    stream = {"dev": DEV_STREAM, "test": TEST_STREAM}.get(split, seed)
     prompts = []
     for index in range(n):
-        image, caption, attributes = render_scene(seed, index, image_size)
-        prompts.append(Prompt(index, caption, attributes, pil_to_tensor(image)))
+        image, caption, attributes = render_scene(stream, index, image_size)
+        prompts.append(Prompt(index, caption, attributes, pil_to_tensor(image), split))
     return prompts

@@ -87,7 +87,7 @@ def test_eval_cli_smoke_writes_every_file(testbed, tmp_path):
     assert len(result.matched) == 5 and result.matched[0]["method"] == "AR"
     assert "| method | setting | speedup |" in (out / "matched.md").read_text()
     references = read_csv(out / "references.csv")
-    assert [row["label"] for row in references] == ["real images", "tokenizer round trip"]
+    assert [row["label"] for row in references] == ["real images", "tokenizer round trip", "AR (other seeds)"]
     models = load_models(testbed, names=["vq", "sceneeval"])
     prompts = evaluation_prompts(2, image_size=16)
     real = torch.stack([p.image for p in prompts])
@@ -166,18 +166,20 @@ def test_matched_quality_table_picks_the_fastest_run_within_tolerance_on_either_
         entry("MuLo-SD (2x)", "tau=0.1", 2.5, 0.785),
         entry("MuLo-SD (2x)", "tau=0.03", 4.0, 0.85),  # fastest, but 0.05 above AR: not a match
     ]
-    table = matched_quality_table(summary, "ar", tolerance=0.02)
+    table = matched_quality_table(summary, "ar", rule="tolerance", tolerance=0.02)
     assert [(row["method"], row["setting"], row["speedup"]) for row in table] == [
         ("AR", "-", 1.0),
         ("ZipAR", "window=4", 2.0),
         ("LANTERN", None, None),  # nothing within 0.02 of AR's 0.80
         ("MuLo-SD (2x)", "tau=0.1", 2.5),
     ]
-    wide = matched_quality_table(summary, "ar", tolerance=0.15)
+    wide = matched_quality_table(summary, "ar", rule="tolerance", tolerance=0.15)
     assert [row["setting"] for row in wide[1:]] == ["window=2", None, "tau=0.03"]
     with pytest.raises(ValueError, match=r"matched quality needs SceneEval scores"):
         matched_quality_table(
-            [{k: v for k, v in row.items() if k != "sceneeval"} for row in summary], tolerance=0
+            [{k: v for k, v in row.items() if k != "sceneeval"} for row in summary],
+            rule="tolerance",
+            tolerance=0,
         )
 
 
@@ -194,7 +196,9 @@ def test_expand_runs_sweeps_and_errors():
         expand_runs([{"method": "mulo", "knobs": {"r": 2, "k": 0}, "sweep": {"tau": [0.1], "l": [1]}}])
     with pytest.raises(ValueError, match=r"unknown knob\(s\) \['delta'\] for method 'zipar'"):
         expand_runs([{"method": "zipar", "knobs": {"window": 2, "delta": 0.1}}])
-    with pytest.raises(ValueError, match=r"a run entry has keys method, family, knobs, sweep"):
+    with pytest.raises(
+        ValueError, match=r"a run entry has keys method, family, label, knobs, sweep, folders"
+    ):
         expand_runs([{"family": "AR"}])
 
 
