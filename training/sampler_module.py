@@ -132,14 +132,28 @@ def accepted_draft_tokens(
     ids, or T5 features with their mask `cond_mask`: caption_condition.py), so position i's distribution p_i
     (guided by `sampling.cfg_scale`, then `process_logits`) is conditioned on the true prefix; draft token
     x_i counts at tau when p_i(x_i and its k nearest codebook neighbours) >= tau."""
+    probs = teacher_forced_probs(target, cond, truth, sampling, cond_mask).flatten(0, 1)
+    pooled = pooled_probability(probs, draft.flatten(), neighbours, k)
+    return torch.stack([(pooled >= tau).sum() for tau in taus])
+
+
+@torch.no_grad()
+def teacher_forced_probs(
+    target: GPT,
+    cond: torch.Tensor,
+    truth: torch.Tensor,
+    sampling: SamplerConfig,
+    cond_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The target's distribution at each position of the ground-truth grid `truth` [B, H, W], teacher-forced
+    on its prefix with the condition `cond`, guided by `sampling.cfg_scale`, then `process_logits`:
+    float32 [B, H*W, V]."""
     tokens = truth.flatten(1)
     keep = torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)
     logits = target(tokens, cond, cond_mask, drop=keep)
     if sampling.cfg_scale != 1.0:
         logits = guide(logits, target(tokens, cond, cond_mask, drop=~keep), sampling.cfg_scale)
-    probs = process_logits(logits, sampling).flatten(0, 1)
-    pooled = pooled_probability(probs, draft.flatten(), neighbours, k)
-    return torch.stack([(pooled >= tau).sum() for tau in taus])
+    return process_logits(logits, sampling)
 
 
 class SamplerLightning(L.LightningModule):
@@ -388,18 +402,11 @@ class SamplerLightning(L.LightningModule):
                 logs.update(adv_logs)
         return terms, logs, fake
 
-    @torch.no_grad()
     def target_distribution(self, batch: dict, truth: torch.Tensor) -> torch.Tensor:
         """The target's processed distribution at each position of the ground-truth grid `truth` [B,h,w],
         teacher-forced with the batch's captions as the acceptance metric sees it: [B,V,h,w] probabilities."""
         cond, cond_mask = self.condition(batch, self.device)
-        tokens = truth.flatten(1)
-        keep = torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)
-        logits = self.target(tokens, cond, cond_mask, drop=keep)
-        if self.accept_sampling.cfg_scale != 1.0:
-            unconditional = self.target(tokens, cond, cond_mask, drop=~keep)
-            logits = guide(logits, unconditional, self.accept_sampling.cfg_scale)
-        probs = process_logits(logits.float(), self.accept_sampling)  # [B, h*w, V]
+        probs = teacher_forced_probs(self.target, cond, truth, self.accept_sampling, cond_mask)
         return probs.transpose(1, 2).reshape(truth.shape[0], -1, *truth.shape[1:])
 
     def training_step(self, batch: dict, batch_idx: int) -> None:
