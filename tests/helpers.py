@@ -1,8 +1,9 @@
 """Helpers shared by test files: compose `mulo-train` configs the way the Hydra entry point does; build tiny
-random models."""
+random models; read the CSV files runs write."""
 
 from __future__ import annotations
 
+import csv
 import os
 from pathlib import Path
 
@@ -42,3 +43,9 @@ def tiny_vq(seed: int = 0, codebook_size: int = 64, ch_mult: tuple = (1, 1, 1, 1
     mult = list(ch_mult)
     config = VQConfig(codebook_size=codebook_size, encoder_ch_mult=mult, decoder_ch_mult=mult, **fields)
     return VQModel(config).eval()
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    """The rows of a CSV file with a header (runs.csv, summary.csv, ...)."""
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))

@@ -1,4 +1,3 @@
-import csv
 import json
 from collections import Counter
 
@@ -22,17 +21,13 @@ from mulo_sd.sampling import SamplerConfig
 from mulo_sd.sceneeval import parse_caption, score
 from mulo_sd.synthscenes import render_scene
 from mulo_sd.testbed import load_models
+from tests.helpers import read_csv
 from tests.test_decode_cli import at, compose, save_tiny_testbed
 
 
 @pytest.fixture(scope="module")
 def testbed(tmp_path_factory):
     return save_tiny_testbed(tmp_path_factory.mktemp("testbed"))
-
-
-def read_csv(path):
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
 
 
 def test_eval_cli_smoke_writes_every_file(testbed, tmp_path):

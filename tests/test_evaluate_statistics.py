@@ -1,7 +1,6 @@
 """The evaluation's statistics: dev/test split, paired bootstrap intervals, FD to AR, per-run model folders,
 the interval matched rule and the ablation / headline presets (docs/evaluation.md)."""
 
-import csv
 import shutil
 
 import numpy as np
@@ -21,17 +20,13 @@ from mulo_sd.sampling import SamplerConfig
 from mulo_sd.synthscenes import render_scene
 from mulo_sd.testbed import load_models
 from mulo_sd.upsampler import Upsampler
+from tests.helpers import read_csv
 from tests.test_decode_cli import at, compose, save_tiny_testbed
 
 
 @pytest.fixture(scope="module")
 def testbed(tmp_path_factory):
     return save_tiny_testbed(tmp_path_factory.mktemp("testbed"))
-
-
-def read_csv(path):
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
 
 
 def test_dev_and_test_splits_are_fixed_disjoint_streams():

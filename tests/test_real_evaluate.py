@@ -1,4 +1,3 @@
-import csv
 import os
 import socket
 import subprocess
@@ -16,6 +15,7 @@ from mulo_sd.prompt_sets import load_prompt_set
 from mulo_sd.real_evaluate import matched_split_table, prompt_splits
 from mulo_sd.sampling import SamplerConfig
 from mulo_sd.testbed import load_models
+from tests.helpers import read_csv
 from tests.real_eval_helpers import (
     save_tiny_clip,
     save_tiny_extractor,
@@ -37,11 +37,6 @@ def files(tmp_path_factory):
         "extractor": save_tiny_extractor(root / "extractor.pt2"),
         "clip": save_tiny_clip(root / "clip"),
     }
-
-
-def read_csv(path):
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
 
 
 def coco_overrides(files, out_dir):
