@@ -2,8 +2,12 @@
 (`sampling.process_logits`, the distribution plain AR sampling would draw from).
 
 MuLo-SD (docs/algorithm.md section 5), deterministic: accept draft token v at position i iff
-`sum_{u in B_k(v)} p_i(u) >= tau`, where B_k(v) is v plus its k nearest codebook entries (neighbours.py).
-k = 0 tests v's own probability; with greedy sampling p_i is one-hot, so tau = 1 accepts exactly the argmax.
+`sum_{u in B_k(v)} p_i(u) >= threshold`, B_k(v) being v plus its k nearest codebook entries (neighbours.py).
+Rules: 'absolute' (the paper's) thresholds at tau; 'typical' at tau * exp(-H(p_i)), tau over the perplexity of
+the target's distribution (Medusa's typical acceptance, pooled): where the target is unsure among many codes,
+any draft as likely as a typical one of them passes, so rejections (and their resampling) concentrate where
+the target is confident. k = 0 tests v's own probability; with greedy sampling p_i is one-hot (H = 0, both
+rules agree), so tau = 1 accepts exactly the argmax.
 
 LANTERN (docs/algorithm.md section 13), randomised: with v's neighbours n_1..n_k nearest first and c_j =
 p(n_1) + .. + p(n_j), j* = max{j <= k : c_j <= delta} (j* = 0, c_0 = 0, when even c_1 > delta), the relaxed
@@ -19,6 +23,8 @@ norm(max(0, p - q)).
 from __future__ import annotations
 
 import torch
+
+ACCEPT_RULES = ("absolute", "typical")
 
 
 def check_neighbour_knobs(neighbours: torch.Tensor, k: int, vocab_size: int) -> None:
@@ -49,10 +55,22 @@ def pooled_probability(
 
 
 def accept_pooled(
-    probs: torch.Tensor, tokens: torch.Tensor, neighbours: torch.Tensor, k: int, tau: float
+    probs: torch.Tensor,
+    tokens: torch.Tensor,
+    neighbours: torch.Tensor,
+    k: int,
+    tau: float,
+    rule: str = "absolute",
 ) -> torch.Tensor:
-    """MuLo-SD's rule: bool [n], True where p_i(B_k(tokens[i])) >= tau."""
-    return pooled_probability(probs, tokens, neighbours, k) >= tau
+    """MuLo-SD's rule: bool [n], True where p_i(B_k(tokens[i])) >= tau ('absolute') or >= tau * exp(-H(p_i))
+    ('typical'; module docstring)."""
+    pooled = pooled_probability(probs, tokens, neighbours, k)
+    if rule == "absolute":
+        return pooled >= tau
+    if rule == "typical":
+        entropy = -torch.special.xlogy(probs, probs).sum(1)
+        return pooled >= tau * torch.exp(-entropy)
+    raise ValueError(f"accept_rule must be one of {ACCEPT_RULES}, got '{rule}'")
 
 
 def lantern_relaxed_probability(

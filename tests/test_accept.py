@@ -63,13 +63,29 @@ def test_pooled_probability_and_accept_rule():
     assert accept_pooled(probs, tokens, neighbours, 0, 0.0).all()  # tau = 0 accepts everything
 
 
-def test_greedy_tau_one_accepts_exactly_the_argmax():
+def test_typical_rule_lowers_the_bar_by_the_perplexity():
+    # row 0: uniform over 4 codes (perplexity 4); row 1: one-hot (perplexity 1)
+    probs = torch.tensor([[0.25, 0.25, 0.25, 0.25], [0.0, 1.0, 0.0, 0.0]])
+    neighbours = torch.tensor([[1, 2, 3], [0, 2, 3], [3, 1, 0], [2, 1, 0]])
+    tokens = torch.tensor([0, 0])
+    # absolute at tau 0.5: both fail (0.25 and 0); typical: bars 0.5 / 4 = 0.125 and 0.5
+    assert accept_pooled(probs, tokens, neighbours, 0, 0.5).tolist() == [False, False]
+    assert accept_pooled(probs, tokens, neighbours, 0, 0.5, "typical").tolist() == [True, False]
+    # row 0's bar is tau / 4: passed at tau 0.99, not at 1.0 + 1e-3 (tau's range check is decode_mulo's)
+    assert accept_pooled(probs, tokens, neighbours, 0, 0.99, "typical").tolist() == [True, False]
+    assert accept_pooled(probs, tokens, neighbours, 0, 1.001, "typical").tolist() == [False, False]
+    with pytest.raises(ValueError, match="accept_rule must be one of"):
+        accept_pooled(probs, tokens, neighbours, 0, 0.5, "relative")
+
+
+@pytest.mark.parametrize("rule", ["absolute", "typical"])
+def test_greedy_tau_one_accepts_exactly_the_argmax(rule):
     logits = torch.randn(50, 16, generator=torch.Generator().manual_seed(2))
     probs = process_logits(logits, SamplerConfig(temperature=0.0))
     tokens = torch.randint(0, 16, (50,), generator=torch.Generator().manual_seed(3))
     tokens[:10] = logits[:10].argmax(-1)
     neighbours = codebook_neighbours(torch.randn(16, 4), 3)
-    assert torch.equal(accept_pooled(probs, tokens, neighbours, 0, 1.0), tokens == logits.argmax(-1))
+    assert torch.equal(accept_pooled(probs, tokens, neighbours, 0, 1.0, rule), tokens == logits.argmax(-1))
 
 
 def test_neighbour_knob_errors():

@@ -114,8 +114,8 @@ def check_accounting(stats, size=H * W):
 
 @pytest.mark.parametrize(
     "knobs",
-    [{}, {"rows_per_cycle": 1}, {"draft_window": 2, "rows_per_cycle": 3}],
-    ids=["all-rows", "one-row-per-cycle", "zipar-drafting"],
+    [{}, {"rows_per_cycle": 1}, {"draft_window": 2, "rows_per_cycle": 3}, {"accept_rule": "typical"}],
+    ids=["all-rows", "one-row-per-cycle", "zipar-drafting", "typical-rule"],
 )
 def test_greedy_raster_equals_greedy_ar(target, drafter, neighbours, knobs):
     expected = decode_ar(target, BATCH_COND, GREEDY, torch.Generator().manual_seed(0)).tokens
@@ -267,6 +267,19 @@ def test_zipar_drafting_follows_the_zipar_schedule(target, drafter, neighbours):
     assert result.stats.drafter_forwards == zipar.stats.target_forwards  # start + ZipAR calls
 
 
+def test_typical_rule_rejects_fewer_than_the_absolute_rule(target, drafter, neighbours):
+    # one cycle (naive local rejection), same seed: the same draft and verification; the typical bar
+    # tau * exp(-H) is never above tau, so it rejects no more, and on these flat tiny-model distributions
+    # strictly fewer
+    sampler = SamplerConfig(temperature=1.0)
+    knobs = dict(sampler=sampler, tau=0.1, k=2, rejection="naive", seed=3)
+    absolute = run(target, drafter, neighbours, **knobs).stats
+    typical = run(target, drafter, neighbours, accept_rule="typical", **knobs).stats
+    assert absolute.cycles == typical.cycles == 1
+    assert absolute.tokens_drafted == typical.tokens_drafted
+    assert 0 <= typical.tokens_rejected < absolute.tokens_rejected
+
+
 def test_changed_low_res_rows_are_rewritten_in_the_drafter(target, drafter, neighbours, reference):
     # The oracle's drafts ignore the drafter, so a committed row group down-samples to a low-res row that
     # differs from what the drafter drafted: the next draft call rewrites that whole row (no extra call).
@@ -311,6 +324,7 @@ def test_changed_low_res_rows_are_rewritten_in_the_drafter(target, drafter, neig
         ({"k": 9}, "exceeds the neighbour table's 8 columns"),
         ({"l": -1}, "l must be >= 0"),
         ({"rejection": "tail"}, "rejection must be one of"),
+        ({"accept_rule": "relative"}, "accept_rule must be one of"),
         ({"rows_per_cycle": 0}, "rows_per_cycle must be None or >= 1"),
         ({"draft_window": 0}, "draft_window must be None or >= 1"),
         ({"island_zipar_window": 0}, "island_zipar_window must be None or >= 1"),

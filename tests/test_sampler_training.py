@@ -373,6 +373,33 @@ def test_target_kl_row_fits_the_targets_teacher_forced_distribution(folders):
     assert set(terms) == {"kl"}
 
 
+def test_on_policy_target_kl_is_teacher_forced_on_the_draft(folders):
+    """loss.kl_context=draft: the teacher is the target teacher-forced on the up-sampler's own argmax draft
+    (not on the truth), and a run logs the self-acceptance of its drafts next to val/accept."""
+    run_dir = folders["root"] / "target_kl_draft"
+    overrides = [*tiny(folders, target=folders["target"]), "loss=target_kl", "loss.kl_context=draft"]
+    metrics = run(compose_train(folders, run_dir, overrides))
+    assert 0.0 <= metrics["val/self_accept@0.01"] <= 1.0 and logged(run_dir, "train/kl")
+
+    on_policy = ["loss=target_kl", "loss.kl_context=draft"]
+    module = instantiate_module(folders, on_policy, target=folders["target"])
+    truth = torch.randint(0, CODES, (2, 16, 16))
+    batch = {"caption": ["a red circle", "two blue stars"], "tok16": truth, "tok8": truth[:, ::2, ::2]}
+    logits = module.sampler(truth[:, ::2, ::2])["logits"]
+    draft = logits.argmax(1)
+    assert not torch.equal(draft, truth)
+    on_draft = module.target_distribution(batch, draft)
+    kl = torch.nn.functional.kl_div(
+        logits.log_softmax(1).permute(0, 2, 3, 1).flatten(0, 2),
+        on_draft.permute(0, 2, 3, 1).flatten(0, 2),
+        reduction="batchmean",
+    )
+    terms, _, _ = module.generator_terms(batch, step=0)
+    torch.testing.assert_close(terms["kl"], kl)
+    with pytest.raises(Exception, match="loss.kl_context must be one of"):
+        instantiate_module(folders, ["loss=target_kl", "loss.kl_context=prefix"], target=folders["target"])
+
+
 def test_target_kl_needs_a_target_and_an_up_sampler(folders):
     with pytest.raises(Exception, match="loss.kl_weight > 0 distils the target's distribution, but there is"):
         instantiate_module(folders, ["loss=target_kl"])

@@ -21,7 +21,12 @@ Validation predicts decoding speed on the fixed validation set: token accuracy, 
 prediction against the image, and for the up-sampler the acceptance rate the target AR model gives the
 up-sampled draft: teacher-forced on the ground-truth high-res prefix with the captions, the target's processed
 distribution p_i at each position, and the fraction of draft tokens x_i with p_i(B_k(x_i)) >= tau (the MuLo-SD
-accept rule, accept.py), for each tau of `acceptance.taus`.
+accept rule, accept.py), for each tau of `acceptance.taus`; and `val/self_accept@tau`, the same with the
+target teacher-forced on the draft itself, which is what decoding's verification sees.
+
+`loss=target_kl` fits the up-sampler to the target's distribution at each position, teacher-forced on the
+ground truth (`loss.kl_context=truth`) or, on-policy, on the up-sampler's own argmax draft (`draft`: the
+verification's context, so the draft is pulled toward tokens the target accepts around each other).
 
 The tokenizer and the target are loaded from their folders and kept out of checkpoints; a checkpoint whose
 sampler was trained for another codebook than the configured tokenizer's is refused.
@@ -77,6 +82,7 @@ log = logging.getLogger(__name__)
 
 KINDS = ("up", "down")
 PIXEL_PATHS = ("straight_through", "soft")
+KL_CONTEXTS = ("truth", "draft")  # loss.kl_context: the grid the target is teacher-forced on
 
 
 def uses_pixels(loss: DictConfig) -> bool:
@@ -91,6 +97,8 @@ def check_loss(kind: str, loss: DictConfig) -> None:
         raise ValueError(f"loss weights must be >= 0, got {negative}")
     if not any(weights.values()):
         raise ValueError(f"every loss weight is 0 ({weights}): set at least one > 0")
+    if loss.get("kl_context", "truth") not in KL_CONTEXTS:
+        raise ValueError(f"loss.kl_context must be one of {KL_CONTEXTS}, got '{loss.kl_context}'")
     if loss.pixel_path not in PIXEL_PATHS:
         raise ValueError(f"loss.pixel_path must be one of {PIXEL_PATHS}, got '{loss.pixel_path}'")
     if kind == "down" and (uses_pixels(loss) or weights["kl_weight"] > 0):
@@ -375,7 +383,8 @@ class SamplerLightning(L.LightningModule):
         if c.ce_weight > 0:
             terms["ce"] = c.ce_weight * token_cross_entropy(out["logits"], truth, c.label_smoothing)
         if c.get("kl_weight", 0.0) > 0:
-            teacher = self.target_distribution(batch, truth)
+            context = truth if c.get("kl_context", "truth") == "truth" else out["logits"].detach().argmax(1)
+            teacher = self.target_distribution(batch, context)
             terms["kl"] = c.kl_weight * distribution_kl(out["logits"], teacher)
         if uses_pixels(c):
             image = self.image(batch, self.high_size)
@@ -402,12 +411,13 @@ class SamplerLightning(L.LightningModule):
                 logs.update(adv_logs)
         return terms, logs, fake
 
-    def target_distribution(self, batch: dict, truth: torch.Tensor) -> torch.Tensor:
-        """The target's processed distribution at each position of the ground-truth grid `truth` [B,h,w],
-        teacher-forced with the batch's captions as the acceptance metric sees it: [B,V,h,w] probabilities."""
+    def target_distribution(self, batch: dict, context: torch.Tensor) -> torch.Tensor:
+        """The target's processed distribution at each position of the grid `context` [B,h,w] (the ground
+        truth or the draft), teacher-forced with the batch's captions as the acceptance metric sees it:
+        [B,V,h,w] probabilities."""
         cond, cond_mask = self.condition(batch, self.device)
-        probs = teacher_forced_probs(self.target, cond, truth, self.accept_sampling, cond_mask)
-        return probs.transpose(1, 2).reshape(truth.shape[0], -1, *truth.shape[1:])
+        probs = teacher_forced_probs(self.target, cond, context, self.accept_sampling, cond_mask)
+        return probs.transpose(1, 2).reshape(context.shape[0], -1, *context.shape[1:])
 
     def training_step(self, batch: dict, batch_idx: int) -> None:
         if self.pixel_sampler is not None:
@@ -476,7 +486,7 @@ class SamplerLightning(L.LightningModule):
     def on_validation_epoch_start(self) -> None:
         names = ["ce", "correct", "tokens", "psnr", "lpips", "images"]
         if self.target is not None:
-            names += [f"accept@{tau}" for tau in self.taus]
+            names += [f"{kind}@{tau}" for kind in ("accept", "self_accept") for tau in self.taus]
         self.val_sums = {name: torch.zeros((), dtype=torch.float64, device=self.device) for name in names}
         self.sample_batch = None
         self.last_step_time = None  # the next training step's rate must not include validation time
@@ -512,8 +522,13 @@ class SamplerLightning(L.LightningModule):
                 self.target, cond, truth, predicted, self.accept_sampling, self.neighbours, self.k, self.taus,
                 cond_mask,
             )  # fmt: skip
-            for tau, count in zip(self.taus, accepted, strict=True):
+            on_itself = accepted_draft_tokens(
+                self.target, cond, predicted, predicted, self.accept_sampling, self.neighbours, self.k,
+                self.taus, cond_mask,
+            )  # fmt: skip
+            for tau, count, own in zip(self.taus, accepted, on_itself, strict=True):
                 sums[f"accept@{tau}"] += count
+                sums[f"self_accept@{tau}"] += own
         if self.sample_batch is None and self.images_cfg is not None:
             count = self.images_cfg.count
             truth_image = image if image is not None else self.vq.decode(truth)
@@ -533,6 +548,7 @@ class SamplerLightning(L.LightningModule):
         if self.target is not None:
             for tau in self.taus:
                 metrics[f"val/accept@{tau}"] = totals[f"accept@{tau}"] / totals["tokens"]
+                metrics[f"val/self_accept@{tau}"] = totals[f"self_accept@{tau}"] / totals["tokens"]
         self.log_dict(metrics)
         if self.sample_batch is not None and self.logger is not None:
             folder = Path(self.trainer.log_dir) / "samples"  # log_dir broadcasts: every rank must ask

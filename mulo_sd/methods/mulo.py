@@ -7,7 +7,8 @@ One cycle, until the high-res grid (target, H x W) is full:
 3. verify: ONE target `step` over the cycle: the token at grid position p is fed at slot p, and draft
    position p is judged by the output at p - 1 (position 0 by `state.first_logits`), processed by
    `process_logits` exactly as plain AR sampling would;
-4. accept rule (accept.py): accept p iff p_p(B_k(x_p)) >= tau;
+4. accept rule (accept.py): accept p iff p_p(B_k(x_p)) >= tau (`accept_rule` 'absolute', the paper's) or
+   >= tau * exp(-H(p_p)) ('typical': the bar drops where the target is unsure);
 5. rejection, by `rejection`:
    - 'raster' (LANTERN-style prefix acceptance): keep the drafts before the first rejection t0, sample t0
      from the verified distribution at t0, discard everything after t0 (re-drafted next cycle);
@@ -57,7 +58,8 @@ Every high-res position ends as exactly one kept draft or one resampled token: t
 tokens_resampled = H * W per image.
 Phases: prefill (both `start`s), draft, upsample, verify, resample, refresh, downsample.
 
-Exactness: with greedy sampling (temperature 0), k = 0 and tau = 1 (accept iff the draft is the argmax),
+Exactness: with greedy sampling (temperature 0), k = 0 and tau = 1 (accept iff the draft is the argmax, under
+either accept_rule),
 'raster' returns exactly the tokens of greedy `decode_ar`: every kept token and t0 are judged in an exact
 context. 'local' / 'naive' are exact up to and including t0 only: tokens after an island were judged with the
 rejected drafts as context and are kept. They are fully exact when every cycle's islands cover all positions
@@ -70,7 +72,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mulo_sd.accept import accept_pooled, check_neighbour_knobs
+from mulo_sd.accept import ACCEPT_RULES, accept_pooled, check_neighbour_knobs
 from mulo_sd.islands import expand_rejections, find_islands
 from mulo_sd.methods.grid_fill import NOTHING, OUTDATED, SlotGrid, fill, step_grid
 from mulo_sd.methods.instrumented import DOWNSAMPLER, UPSAMPLER, Recorded
@@ -87,6 +89,7 @@ class Knobs:
 
     r: int
     tau: float
+    accept_rule: str
     k: int
     neighbours: torch.Tensor
     l: int
@@ -111,6 +114,7 @@ def decode_mulo(
     tau: float,
     k: int,
     neighbours: torch.Tensor,
+    accept_rule: str = "absolute",
     l: int = 1,
     rejection: str = "local",
     rows_per_cycle: int | None = None,
@@ -126,6 +130,8 @@ def decode_mulo(
     >= 1."""
     if rejection not in REJECTIONS:
         raise ValueError(f"rejection must be one of {REJECTIONS}, got '{rejection}'")
+    if accept_rule not in ACCEPT_RULES:
+        raise ValueError(f"accept_rule must be one of {ACCEPT_RULES}, got '{accept_rule}'")
     if not 0.0 <= tau <= 1.0:
         raise ValueError(f"tau must lie in [0, 1] (a probability mass threshold), got {tau}")
     if l < 0:
@@ -140,6 +146,7 @@ def decode_mulo(
     knobs = Knobs(
         r=r,
         tau=tau,
+        accept_rule=accept_rule,
         k=k,
         neighbours=neighbours.to(cond.device),  # once, not per cycle
         l=0 if rejection == "naive" else l,
@@ -222,7 +229,9 @@ class ImageDecode:
                 with stats.phase("verify"):
                     probs = self.verify(start, end)
                     draft = self.high.values[start:end]
-                    passed = accept_pooled(probs, draft, knobs.neighbours, knobs.k, knobs.tau)
+                    passed = accept_pooled(
+                        probs, draft, knobs.neighbours, knobs.k, knobs.tau, knobs.accept_rule
+                    )
                     failed = (~passed).nonzero()[:, 0].cpu()
                 if knobs.rejection == "raster":
                     committed = self.reject_raster(probs, failed, start, end)
