@@ -177,8 +177,8 @@ def test_knobs_are_validated_with_clear_errors(monkeypatch):
 
 def test_recommended_knobs_are_the_defaults():
     assert resolve_knobs("mulo", {}) == {
-        "r": 2, "upsampler": "latent", "downsampler": "latent", "pixel_mode": "bicubic", "tau": 0.01,
-        "accept_rule": "absolute", "k": 4, "l": 0, "rejection": "local", "rows_per_cycle": None,
+        "r": 2, "upsampler": "latent", "downsampler": "latent", "pixel_mode": "bicubic", "tau": 0.02,
+        "accept_rule": "typical", "k": 4, "l": 0, "rejection": "local", "rows_per_cycle": None,
         "draft_window": 1, "island_zipar_window": 1, "refresh_after_resample": False, "parallel": True,
     }  # fmt: skip
     assert resolve_knobs("lantern", {}) == {"k": 64, "delta": 0.4, "draft_len": 4}

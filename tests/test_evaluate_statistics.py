@@ -182,11 +182,11 @@ def test_run_folders_swap_the_model_and_name_the_run_when_missing(testbed, tmp_p
 ABLATION_LABELS = [
     "AR", "base: token_ce, k=4, l=0, parallel", "up-sampler=pixel", "up-sampler=mse_lpips",
     "up-sampler=mse_lpips_gan", "up-sampler=target_kl", "pooling k=0", "pooling k=16", "rejection=raster",
-    "rejection=local l=1", "parallel=false",
+    "rejection=local l=1", "parallel=false", "accept_rule=typical",
 ]  # fmt: skip
 
 
-def test_ablations_preset_expands_into_the_four_ablations(testbed, tmp_path):
+def test_ablations_preset_expands_into_the_five_ablations(testbed, tmp_path):
     cfg = compose("evaluate", tmp_path, ["eval=ablations", *at(testbed)])
     runs = expand_runs(OmegaConf.to_container(cfg.runs))  # unresolved: the sampler folders may not exist yet
     assert [run.label for run in runs] == ABLATION_LABELS
@@ -196,6 +196,7 @@ def test_ablations_preset_expands_into_the_four_ablations(testbed, tmp_path):
         "pooling": [base, "pooling k=0", "pooling k=16"],
         "rejection": [base, "rejection=raster", "rejection=local l=1"],
         "parallel decoding": [base, "parallel=false"],
+        "accept rule": [base, "accept_rule=typical"],
     }
     folders = [run.folders.get("upsampler_r2") for run in runs[3:6]]
     assert folders == [
@@ -215,7 +216,7 @@ def test_ablations_preset_runs_end_to_end_with_stand_in_samplers(testbed, tmp_pa
     result = run(cfg)
     out = tmp_path / "run"
     text = (out / "summary.md").read_text()
-    assert "## Ablations (test prompts)" in text and text.count("\n### ") == 4
+    assert "## Ablations (test prompts)" in text and text.count("\n### ") == 5
     assert (out / "ablations.png").is_file()
     summary = read_csv(out / "summary.csv")
     assert [row["label"] for row in summary] == ABLATION_LABELS
@@ -258,6 +259,7 @@ def test_matched_table_picks_on_dev_and_reports_on_test(testbed, tmp_path):
 def test_headline_preset_expands_to_the_readme_settings(testbed, tmp_path):
     cfg = compose("evaluate", tmp_path, ["eval=headline", *at(testbed)])
     runs = expand_runs(OmegaConf.to_container(cfg.runs, resolve=True))
-    assert [run.method for run in runs] == ["ar", "zipar", "mulo", "mulo"]
-    assert [run.knobs.get("r") for run in runs[2:]] == [2, 4] and cfg.prompts.split == "test"
+    assert [run.method for run in runs] == ["ar", "zipar", "mulo", "mulo", "mulo"]
+    assert [run.knobs.get("r") for run in runs[2:]] == [2, 2, 4] and cfg.prompts.split == "test"
+    assert [run.knobs.get("upsampler", "latent") for run in runs[2:]] == ["latent", "pixel", "latent"]
     assert list(cfg.fd_ar.seeds) and not set(cfg.fd_ar.seeds) & set(cfg.seeds)
