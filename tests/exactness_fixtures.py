@@ -15,9 +15,10 @@ import torch
 from scipy import stats as scipy_stats
 
 from mulo_sd.downsampler import Downsampler, DownsamplerConfig
-from mulo_sd.gpt import GPT, GPTConfig
+from mulo_sd.gpt import GPT
 from mulo_sd.neighbours import codebook_neighbours
 from mulo_sd.upsampler import Upsampler, UpsamplerConfig
+from tests import helpers
 
 VOCAB = 3
 GRID = (2, 2)
@@ -26,17 +27,10 @@ ALPHA = 1e-3  # significance level of every goodness-of-fit test
 MIN_EXPECTED = 5.0  # cells expecting fewer samples are pooled (the chi-square approximation needs ~5)
 
 
-def tiny_gpt(grid: tuple[int, int], seed: int, head_std: float = 0.5) -> GPT:
-    """A random GPT in float64 (cached and full forwards then agree to ~1e-15, far below any draw's margin).
-    LlamaGen's init zeroes the output head (all logits equal); `head_std` sets how peaked its logits are."""
-    torch.manual_seed(seed)
-    config = GPTConfig(
-        vocab_size=VOCAB, grid_size=grid, dim=16, n_layer=1, n_head=2, cond_type="words", cond_len=3,
-        cond_vocab_size=10, caption_dim=16, multiple_of=16,
-    )  # fmt: skip
-    model = GPT(config).eval()
-    torch.nn.init.normal_(model.output.weight, std=head_std)
-    return model.double()
+def tiny_gpt(grid: tuple[int, int], seed: int) -> GPT:
+    """A random 1-block GPT over VOCAB in float64 (cached and full forwards agree to ~1e-15, far below any
+    draw's margin), its output head scaled to the spread the module docstring describes."""
+    return helpers.tiny_gpt(grid, VOCAB, seed, dim=16, n_layer=1, n_head=2, head_std=0.5)
 
 
 def neighbour_table() -> torch.Tensor:

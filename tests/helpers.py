@@ -13,6 +13,7 @@ from hydra.core.hydra_config import HydraConfig
 from mulo_sd.training.config import CONFIG_DIR
 from omegaconf import DictConfig, open_dict
 
+from mulo_sd.gpt import GPT, GPTConfig
 from mulo_sd.vq import VQConfig, VQModel
 
 
@@ -34,6 +35,28 @@ def compose_train_config(tmp_path: Path, overrides: list[str]) -> DictConfig:
     with open_dict(cfg):  # the task function of `mulo-train` gets the config without its `hydra` node
         del cfg["hydra"]
     return cfg
+
+
+def tiny_gpt(
+    grid: tuple[int, int],
+    vocab: int,
+    seed: int,
+    dim: int = 32,
+    n_layer: int = 2,
+    n_head: int = 4,
+    head_std: float = 1.0,
+) -> GPT:
+    """A random GPT conditioned on 3 caption words, in eval mode and float64 (cached and full forwards,
+    batched and one-token calls then agree far below any draw's or argmax's margin). LlamaGen's init zeroes
+    the output head (all logits equal); `head_std` sets how peaked its logits are."""
+    torch.manual_seed(seed)
+    config = GPTConfig(
+        vocab_size=vocab, grid_size=grid, dim=dim, n_layer=n_layer, n_head=n_head, cond_type="words",
+        cond_len=3, cond_vocab_size=10, caption_dim=16, multiple_of=16,
+    )  # fmt: skip
+    model = GPT(config).eval()
+    torch.nn.init.normal_(model.output.weight, std=head_std)
+    return model.double()
 
 
 def tiny_vq(seed: int = 0, codebook_size: int = 64, ch_mult: tuple = (1, 1, 1, 1), **overrides) -> VQModel:

@@ -5,24 +5,13 @@ import torch
 from scipy.stats import chisquare
 
 from mulo_sd.eagle_head import EagleHead, EagleHeadConfig
-from mulo_sd.gpt import GPT, GPTConfig
 from mulo_sd.methods import decode_ar, decode_eagle2
 from mulo_sd.sampling import SamplerConfig, guide, process_logits
+from tests.helpers import tiny_gpt
 
 COND = torch.tensor([[1, 4, 7], [2, 2, 9]])
 TREE = {"depth": 3, "top_k": 3, "total_tokens": 8}
 CHAIN = {"depth": 3, "top_k": 1, "total_tokens": 3}
-
-
-def tiny_gpt(grid, vocab, seed, std=1.0):
-    torch.manual_seed(seed)
-    config = GPTConfig(
-        vocab_size=vocab, grid_size=grid, dim=32, n_layer=2, n_head=4, cond_type="words", cond_len=3,
-        cond_vocab_size=10, caption_dim=16, multiple_of=16,
-    )  # fmt: skip
-    model = GPT(config).eval()
-    torch.nn.init.normal_(model.output.weight, std=std)  # the LlamaGen init zeroes the head: all logits equal
-    return model.double()
 
 
 def tiny_head(target, seed):
@@ -77,7 +66,7 @@ def ar_joint(target, cond, sampler):
 @pytest.mark.parametrize("sampler", [SamplerConfig(1.0, cfg_scale=2.0), SamplerConfig(0.8, top_k=2)])
 def test_sampled_joint_matches_enumerated_ar(knobs, sampler):
     # A 1 x 3 grid over 4 codes: 64 outcomes, each grid's probability enumerated exactly from the target.
-    target = tiny_gpt((1, 3), 4, 3, std=0.08)
+    target = tiny_gpt((1, 3), 4, 3, head_std=0.08)
     head = tiny_head(target, 4)
     grids, expected = ar_joint(target, COND[:1], sampler)
     samples = 1200

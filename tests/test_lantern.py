@@ -1,24 +1,13 @@
 import pytest
 import torch
 
-from mulo_sd.gpt import GPT, GPTConfig
 from mulo_sd.methods import decode_ar, decode_lantern
 from mulo_sd.neighbours import codebook_neighbours
 from mulo_sd.sampling import SamplerConfig, process_logits
+from tests.helpers import tiny_gpt
 
 GREEDY = SamplerConfig(temperature=0.0)
 COND = torch.tensor([[1, 4, 7], [2, 2, 9]])
-
-
-def tiny_gpt(grid, vocab, seed, dim=32, n_layer=2):
-    torch.manual_seed(seed)
-    config = GPTConfig(
-        vocab_size=vocab, grid_size=grid, dim=dim, n_layer=n_layer, n_head=4, cond_type="words", cond_len=3,
-        cond_vocab_size=10, caption_dim=16, multiple_of=16,
-    )  # fmt: skip
-    model = GPT(config).eval()
-    torch.nn.init.normal_(model.output.weight, std=1.0)  # the LlamaGen init zeroes the head: all logits equal
-    return model.double()
 
 
 def table(vocab, k):

@@ -2,26 +2,15 @@ import pytest
 import torch
 
 import mulo_sd.methods.mulo as mulo_module
-from mulo_sd.gpt import GPT, GPTConfig
 from mulo_sd.methods import decode_ar, decode_mulo, decode_zipar
 from mulo_sd.neighbours import codebook_neighbours
 from mulo_sd.sampling import SamplerConfig
+from tests.helpers import tiny_gpt
 
 V = 32
 H, W = 8, 8  # target grid; the drafter's is 4 x 4 (r = 2)
 GREEDY = SamplerConfig(temperature=0.0)
 EXACT = dict(tau=1.0, k=0)  # with greedy sampling: accept iff the draft is the target's argmax
-
-
-def tiny_gpt(grid, seed):
-    torch.manual_seed(seed)
-    config = GPTConfig(
-        vocab_size=V, grid_size=grid, dim=32, n_layer=2, n_head=4, cond_type="words", cond_len=3,
-        cond_vocab_size=10, caption_dim=16, multiple_of=16,
-    )  # fmt: skip
-    model = GPT(config).eval()
-    torch.nn.init.normal_(model.output.weight, std=1.0)  # the LlamaGen init zeroes the head: all logits equal
-    return model.double()  # float64: batched and single-token calls agree far below any argmax gap
 
 
 class RepeatUpsampler:
@@ -62,12 +51,12 @@ class OracleUpsampler(RepeatUpsampler):
 
 @pytest.fixture(scope="module")
 def target():
-    return tiny_gpt((H, W), 0)
+    return tiny_gpt((H, W), V, 0)
 
 
 @pytest.fixture(scope="module")
 def drafter():
-    return tiny_gpt((H // 2, W // 2), 1)
+    return tiny_gpt((H // 2, W // 2), V, 1)
 
 
 @pytest.fixture(scope="module")
@@ -342,7 +331,7 @@ def test_bad_knobs(target, drafter, neighbours, change, message):
     for key, value in change.items():
         (arguments if key in arguments else knobs)[key] = value
     if arguments["drafter"] == "wide":
-        arguments["drafter"] = tiny_gpt((4, 3), 1)
+        arguments["drafter"] = tiny_gpt((4, 3), V, 1)
     with pytest.raises(ValueError, match=message):
         decode_mulo(
             target, arguments["drafter"], arguments["upsampler"], arguments["downsampler"], COND, GREEDY,
