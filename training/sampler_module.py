@@ -136,9 +136,10 @@ def accepted_draft_tokens(
 ) -> torch.Tensor:
     """How many draft tokens [B, H, W] the target accepts at each tau: int64 [len(taus)].
 
-    The target is teacher-forced on the ground-truth grid `truth` with the captions' condition `cond` (word
-    ids, or T5 features with their mask `cond_mask`: caption_condition.py), so position i's distribution p_i
-    (guided by `sampling.cfg_scale`, then `process_logits`) is conditioned on the true prefix; draft token
+    The target is teacher-forced on the grid `truth` (the ground truth; the draft itself for the
+    self-acceptance) with the captions' condition `cond` (word ids, or T5 features with their mask
+    `cond_mask`: caption_condition.py), so position i's distribution p_i (guided by `sampling.cfg_scale`, then
+    `process_logits`) is conditioned on that prefix; draft token
     x_i counts at tau when p_i(x_i and its k nearest codebook neighbours) >= tau."""
     probs = teacher_forced_probs(target, cond, truth, sampling, cond_mask).flatten(0, 1)
     pooled = pooled_probability(probs, draft.flatten(), neighbours, k)
