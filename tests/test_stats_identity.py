@@ -11,8 +11,9 @@ import torch
 
 from mulo_sd.methods import decode_ar, decode_eagle2, decode_lantern, decode_mulo, decode_zipar
 from mulo_sd.sampling import SamplerConfig
+from tests.helpers import tiny_gpt
 from tests.test_eagle2 import tiny_head
-from tests.test_mulo import H, RepeatUpsampler, StridedDownsampler, W, tiny_gpt
+from tests.test_mulo import H, RepeatUpsampler, StridedDownsampler, V, W
 
 SAMPLED = SamplerConfig(temperature=1.0, cfg_scale=2.0)
 COND = torch.tensor([[1, 4, 7], [2, 2, 9]])  # two prompts
@@ -70,8 +71,8 @@ def fingerprint(result) -> str:
 
 @pytest.fixture(scope="module")
 def models():
-    target = tiny_gpt((H, W), 0)
-    return target, tiny_gpt((H, W), 1), tiny_gpt((H // 2, W // 2), 1), tiny_head(target, 1)
+    target = tiny_gpt((H, W), V, 0)
+    return target, tiny_gpt((H, W), V, 1), tiny_gpt((H // 2, W // 2), V, 1), tiny_head(target, 1)
 
 
 @pytest.mark.parametrize("name", ["ar", "zipar", "lantern", "eagle2", *MULO])

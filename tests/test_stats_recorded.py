@@ -8,8 +8,9 @@ from mulo_sd.methods import decode_ar, decode_eagle2, decode_lantern, decode_mul
 from mulo_sd.methods.instrumented import DRAFT_HEAD, Recorded
 from mulo_sd.sampling import SamplerConfig
 from mulo_sd.stats import DecodeStats
+from tests.helpers import tiny_gpt
 from tests.test_eagle2 import tiny_head
-from tests.test_mulo import H, RepeatUpsampler, StridedDownsampler, W, tiny_gpt
+from tests.test_mulo import H, RepeatUpsampler, StridedDownsampler, V, W
 
 SAMPLED = SamplerConfig(temperature=1.0, cfg_scale=2.0)
 COND = torch.tensor([[1, 4, 7], [2, 2, 9]])
@@ -78,7 +79,7 @@ def check_recorded(stats, target, drafter=None, upsampler=None, downsampler=None
 
 @pytest.fixture(scope="module")
 def target():
-    return tiny_gpt((H, W), 0)
+    return tiny_gpt((H, W), V, 0)
 
 
 def test_ar_and_zipar_record_every_call(target):
@@ -90,7 +91,7 @@ def test_ar_and_zipar_record_every_call(target):
 
 
 def test_lantern_and_eagle2_record_every_call(target):
-    drafter = Counting(tiny_gpt((H, W), 1))
+    drafter = Counting(tiny_gpt((H, W), V, 1))
     counted = Counting(target)
     neighbours = torch.arange(32)[:, None].repeat(1, 4)
     result = decode_lantern(
@@ -116,7 +117,7 @@ def test_lantern_and_eagle2_record_every_call(target):
     ids=["local-zipar", "naive-serial-refresh", "raster"],
 )
 def test_mulo_records_every_call_of_its_four_models(target, knobs):
-    drafter, counted = Counting(tiny_gpt((H // 2, W // 2), 1)), Counting(target)
+    drafter, counted = Counting(tiny_gpt((H // 2, W // 2), V, 1)), Counting(target)
     upsampler = Counting(RepeatUpsampler(2), ("upsample_rows",))
     downsampler = Counting(StridedDownsampler(2), ("downsample",))
     neighbours = torch.arange(32)[:, None].repeat(1, 4)
