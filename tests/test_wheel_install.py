@@ -1,12 +1,16 @@
 """The wheel as a user installs it: built from the source tree, installed (not editable) into a fresh virtual
-environment, and the three console scripts run from a folder outside the repository. Slow: the fresh
-environment installs torch (from pip's cache when CI has already installed it once)."""
+environment, and the three console scripts run from a folder outside the repository. Slow.
+
+The fresh environment sees the test environment's installed dependencies through a folder of links (everything
+but mulo_sd itself and pip), so pip finds torch & co. already satisfied instead of installing a second copy of
+several GB, which filled the CI machine's disk; a dependency the test environment lacks is still installed."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import sysconfig
 import zipfile
 from pathlib import Path
 
@@ -23,6 +27,22 @@ def _run(command: list[str], cwd: Path, env: dict) -> str:
     done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, f"{' '.join(command)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
     return done.stdout + done.stderr
+
+
+def _link_dependencies(venv: Path, links: Path) -> None:
+    """Expose this environment's packages, less mulo_sd and pip, to `venv` through a folder of links.
+
+    A path listed in a .pth file is appended to sys.path without its own .pth files being run, so the editable
+    mulo_sd install of this environment (a .pth hook) stays invisible: the venv can only import the wheel.
+    """
+    links.mkdir()
+    skipped = ("mulo_sd", "__editable__", "pip", "_distutils_hack", "distutils-precedence")
+    for site in {Path(sysconfig.get_paths()[key]) for key in ("purelib", "platlib")}:
+        for entry in site.iterdir():
+            if not entry.name.startswith(skipped) and not (links / entry.name).exists():
+                (links / entry.name).symlink_to(entry)
+    (venv_site,) = venv.glob("lib/python*/site-packages")
+    (venv_site / "test_environment_dependencies.pth").write_text(f"{links}\n")
 
 
 def _shard_times(folder: Path) -> dict[str, int]:
@@ -45,6 +65,7 @@ def installed(tmp_path_factory):
         assert archive.read(top_level).decode().split() == ["mulo_sd"]  # no generic `data` / `training`
     venv = root / "venv"
     _run([sys.executable, "-m", "venv", str(venv)], root, os.environ)
+    _link_dependencies(venv, root / "dependencies")
     bin_dir = venv / "bin"
     _run([str(bin_dir / "pip"), "install", "-q", "-c", str(CONSTRAINTS), str(wheel)], root, os.environ)
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
