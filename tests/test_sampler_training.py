@@ -22,6 +22,7 @@ from mulo_sd.training.train import run
 from mulo_sd.captions import MAX_CAPTION_WORDS, VOCAB, encode_caption
 from mulo_sd.downsampler import Downsampler
 from mulo_sd.gpt import GPT, GPTConfig
+from mulo_sd.pixel_samplers import PixelUpsampler
 from mulo_sd.sampling import SamplerConfig
 from mulo_sd.upsampler import Upsampler
 from tests.helpers import tiny_vq
@@ -398,6 +399,33 @@ def test_on_policy_target_kl_is_teacher_forced_on_the_draft(folders):
     torch.testing.assert_close(terms["kl"], kl)
     with pytest.raises(Exception, match="loss.kl_context must be one of"):
         instantiate_module(folders, ["loss=target_kl", "loss.kl_context=prefix"], target=folders["target"])
+
+
+def test_ce_target_distils_the_pixel_space_path(folders):
+    """loss.ce_target=bicubic: the cross-entropy's labels are the pixel-space up-sampler's tokens for the
+    batch's low-res grid (VQ-decode, bicubic, VQ-encode), which differ from the true high-res tokens; a run
+    trains on them; the knob is refused where it would do nothing or has no meaning."""
+    run_dir = folders["root"] / "ce_bicubic"
+    metrics = run(compose_train(folders, run_dir, [*tiny(folders), "loss.ce_target=bicubic"]))
+    assert "val/acc" in metrics and logged(run_dir, "train/acc_ce_target")
+
+    module = instantiate_module(folders, ["loss.ce_target=bicubic"])
+    truth = torch.randint(0, CODES, (2, 16, 16))
+    low = truth[:, ::2, ::2]
+    batch = {"caption": ["a red circle", "two blue stars"], "tok16": truth, "tok8": low}
+    labels = PixelUpsampler(module.vq, 2, "bicubic").upsample(low)
+    assert not torch.equal(labels, truth)
+    logits = module.sampler(low)["logits"]
+    terms, logs, _ = module.generator_terms(batch, step=0)
+    torch.testing.assert_close(terms["ce"], torch.nn.functional.cross_entropy(logits, labels))
+    torch.testing.assert_close(logs["acc_ce_target"], (logits.argmax(1) == labels).float().mean())
+
+    with pytest.raises(Exception, match="loss.ce_target must be one of"):
+        instantiate_module(folders, ["loss.ce_target=nearest"])
+    with pytest.raises(Exception, match="loss.ce_target=bicubic sets the cross-entropy's labels, but"):
+        instantiate_module(folders, ["loss=mse_lpips", "loss.ce_target=bicubic"])
+    with pytest.raises(Exception, match="the down-sampler's cross-entropy labels are the down-scaled"):
+        instantiate_module(folders, ["loss.ce_target=bicubic"], experiment="testbed/downsampler_r2")
 
 
 def test_target_kl_needs_a_target_and_an_up_sampler(folders):

@@ -24,6 +24,10 @@ distribution p_i at each position, and the fraction of draft tokens x_i with p_i
 accept rule, accept.py), for each tau of `acceptance.taus`; and `val/self_accept@tau`, the same with the
 target teacher-forced on the draft itself, which is what decoding's verification sees.
 
+`loss.ce_target` picks the cross-entropy's labels: the image's own high-res tokens (`truth`), or for the
+up-sampler the pixel-space path's tokens for the same low-res grid (`bicubic`, `bilinear`, `lanczos`:
+VQ-decode, resize, VQ-encode): distillation of the training-free sampler into one that needs neither VQ pass.
+
 `loss=target_kl` fits the up-sampler to the target's distribution at each position, teacher-forced on the
 ground truth (`loss.kl_context=truth`) or, on-policy, on the up-sampler's own argmax draft (`draft`: the
 verification's context, so the draft is pulled toward tokens the target accepts around each other).
@@ -83,6 +87,7 @@ log = logging.getLogger(__name__)
 KINDS = ("up", "down")
 PIXEL_PATHS = ("straight_through", "soft")
 KL_CONTEXTS = ("truth", "draft")  # loss.kl_context: the grid the target is teacher-forced on
+CE_TARGETS = ("truth", *MODES)  # loss.ce_target: the image's own tokens or a pixel-space path's
 
 
 def uses_pixels(loss: DictConfig) -> bool:
@@ -99,6 +104,18 @@ def check_loss(kind: str, loss: DictConfig) -> None:
         raise ValueError(f"every loss weight is 0 ({weights}): set at least one > 0")
     if loss.get("kl_context", "truth") not in KL_CONTEXTS:
         raise ValueError(f"loss.kl_context must be one of {KL_CONTEXTS}, got '{loss.kl_context}'")
+    if loss.get("ce_target", "truth") not in CE_TARGETS:
+        raise ValueError(f"loss.ce_target must be one of {CE_TARGETS}, got '{loss.ce_target}'")
+    if loss.get("ce_target", "truth") != "truth" and not loss.ce_weight > 0:
+        raise ValueError(
+            f"loss.ce_target={loss.ce_target} sets the cross-entropy's labels, but loss.ce_weight is "
+            f"{loss.ce_weight}: set ce_weight > 0 or leave ce_target=truth"
+        )
+    if kind == "down" and loss.get("ce_target", "truth") != "truth":
+        raise ValueError(
+            "the down-sampler's cross-entropy labels are the down-scaled image's tokens: loss.ce_target "
+            f"must be 'truth', got '{loss.ce_target}'"
+        )
     if loss.pixel_path not in PIXEL_PATHS:
         raise ValueError(f"loss.pixel_path must be one of {PIXEL_PATHS}, got '{loss.pixel_path}'")
     if kind == "down" and (uses_pixels(loss) or weights["kl_weight"] > 0):
@@ -232,6 +249,9 @@ class SamplerLightning(L.LightningModule):
             self.pixel_sampler = (
                 PixelUpsampler(self.vq, r, pixel) if kind == "up" else PixelDownsampler(self.vq, r)
             )
+        # the pixel-space path whose tokens are the cross-entropy's labels (loss.ce_target), if any
+        ce_target = loss.get("ce_target", "truth")
+        self.ce_teacher = None if ce_target == "truth" else PixelUpsampler(self.vq, r, ce_target)
         has_logits = kind == "down" or self.sampler.config.output in ("logits", "both")
         self.has_logits = has_logits and pixel is None
         self.ema_sampler = copy.deepcopy(self.sampler).requires_grad_(False) if ema is not None else None
@@ -373,7 +393,8 @@ class SamplerLightning(L.LightningModule):
         """(weighted loss terms, extra values to log, decoded prediction for the discriminator or None)."""
         c = self.loss_cfg
         up = self.kind == "up"
-        out = self.sampler(self.token_grid(batch, self.low_size if up else self.high_size))
+        inputs = self.token_grid(batch, self.low_size if up else self.high_size)
+        out = self.sampler(inputs)
         if not up:
             out = {"logits": out}
         terms, logs, fake = {}, {}, None
@@ -382,7 +403,12 @@ class SamplerLightning(L.LightningModule):
             truth = self.token_grid(batch, self.output_size)
             logs["acc"] = (out["logits"].argmax(1) == truth).float().mean()
         if c.ce_weight > 0:
-            terms["ce"] = c.ce_weight * token_cross_entropy(out["logits"], truth, c.label_smoothing)
+            labels = truth
+            if self.ce_teacher is not None:
+                with torch.autocast(device_type=inputs.device.type, enabled=False):  # float32, as decoding's
+                    labels = self.ce_teacher.upsample(inputs)
+                logs["acc_ce_target"] = (out["logits"].argmax(1) == labels).float().mean()
+            terms["ce"] = c.ce_weight * token_cross_entropy(out["logits"], labels, c.label_smoothing)
         if c.get("kl_weight", 0.0) > 0:
             context = truth if c.get("kl_context", "truth") == "truth" else out["logits"].detach().argmax(1)
             teacher = self.target_distribution(batch, context)
