@@ -3,10 +3,12 @@ from collections import Counter
 
 import pytest
 import torch
+from mulo_sd.training.config import CONFIG_DIR
 from mulo_sd.training.evaluate import run
 from omegaconf import OmegaConf
 from PIL import Image
 
+from mulo_sd.accept import ACCEPT_RULES
 from mulo_sd.evaluate import (
     RunSpec,
     add_ratios,
@@ -205,6 +207,20 @@ def test_evaluation_prompts_are_fixed_and_held_out():
     assert first[2].caption == caption and first[2].attributes == attributes
     assert first[2].image.shape == (3, 16, 16) and -1 <= first[2].image.min() <= first[2].image.max() <= 1
     assert EVAL_SEED not in (1, 2)  # the streams conf/data/synthscenes.yaml trains and validates on
+
+
+EVAL_PRESETS = sorted(path.stem for path in (CONFIG_DIR / "eval").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("preset", EVAL_PRESETS)
+def test_every_mulo_run_of_a_preset_names_its_accept_rule(preset):
+    """A preset's row means one rule whatever mulo_sd.decode.RECOMMENDED says: when the recommended rule moved
+    to typical, rows labelled with the paper's rule silently decoded with the typical one."""
+    runs = OmegaConf.load(CONFIG_DIR / "eval" / f"{preset}.yaml").get("runs") or []
+    rules = {run.get("label", run["family"]): run.get("knobs", {}).get("accept_rule") for run in runs
+             if run["method"] == "mulo"}  # fmt: skip
+    assert preset not in ("paper_table", "ablations") or rules
+    assert {label: rule for label, rule in rules.items() if rule not in ACCEPT_RULES} == {}
 
 
 @pytest.mark.parametrize("preset", ["smoke", "speed_zipar", "paper_table"])
