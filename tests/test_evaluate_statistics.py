@@ -181,8 +181,8 @@ def test_run_folders_swap_the_model_and_name_the_run_when_missing(testbed, tmp_p
 
 ABLATION_LABELS = [
     "AR", "base: token_ce, k=4, l=0, parallel", "up-sampler=pixel", "up-sampler=mse_lpips",
-    "up-sampler=mse_lpips_gan", "up-sampler=target_kl", "pooling k=0", "pooling k=16", "rejection=raster",
-    "rejection=local l=1", "parallel=false", "accept_rule=typical",
+    "up-sampler=mse_lpips_gan", "up-sampler=target_kl", "up-sampler=bicubic_distilled", "pooling k=0",
+    "pooling k=16", "rejection=raster", "rejection=local l=1", "parallel=false", "accept_rule=typical",
 ]  # fmt: skip
 
 
@@ -192,16 +192,15 @@ def test_ablations_preset_expands_into_the_five_ablations(testbed, tmp_path):
     assert [run.label for run in runs] == ABLATION_LABELS
     base = ABLATION_LABELS[1]
     assert ablation_groups(runs) == {
-        "up-sampler": [base, *ABLATION_LABELS[2:6]],
+        "up-sampler": [base, *ABLATION_LABELS[2:7]],
         "pooling": [base, "pooling k=0", "pooling k=16"],
         "rejection": [base, "rejection=raster", "rejection=local l=1"],
         "parallel decoding": [base, "parallel=false"],
         "accept rule": [base, "accept_rule=typical"],
     }
-    folders = [run.folders.get("upsampler_r2") for run in runs[3:6]]
-    assert folders == [
-        f"${{testbed:ablation/upsampler_r2_{loss}}}" for loss in ("mse_lpips", "mse_lpips_gan", "target_kl")
-    ]
+    folders = [run.folders.get("upsampler_r2") for run in runs[3:7]]
+    losses = ("mse_lpips", "mse_lpips_gan", "target_kl", "bicubic_distilled")
+    assert folders == [f"${{testbed:ablation/upsampler_r2_{loss}}}" for loss in losses]
     assert cfg.prompts.split == "test" and runs[2].knobs["upsampler"] == "pixel"
 
 
