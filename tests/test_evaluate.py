@@ -78,7 +78,7 @@ def test_eval_cli_smoke_writes_every_file(testbed, tmp_path):
         passed = sum(float(row[f"sceneeval_{kind}"]) * n for kind, n in stated.items())
         assert float(row["sceneeval"]) == pytest.approx(passed / sum(stated.values()))
     assert float(summary[1]["step_ratio_median"]) == pytest.approx(64 / (8 + 7 * 4))  # ZipAR W=4
-    assert json.loads(summary[3]["knobs"]) == {"r": 2, "tau": 0.1, "k": 4}
+    assert json.loads(summary[3]["knobs"]) == {"accept_rule": "absolute", "r": 2, "tau": 0.1, "k": 4}
     grid = Image.open(out / "grid_seed0.png")
     assert grid.size[1] > grid.size[0]  # 6 rows (real + 5 runs) of 2 prompts
     assert len(result.matched) == 5 and result.matched[0]["method"] == "AR"
