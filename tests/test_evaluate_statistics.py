@@ -260,6 +260,7 @@ def test_headline_preset_expands_to_the_readme_settings(testbed, tmp_path):
     runs = expand_runs(OmegaConf.to_container(cfg.runs, resolve=True))
     assert [run.method for run in runs] == ["ar", "zipar", "mulo", "mulo", "mulo", "mulo"]
     assert [run.knobs.get("r") for run in runs[2:]] == [2, 2, 2, 4] and cfg.prompts.split == "test"
-    assert [run.knobs.get("upsampler", "latent") for run in runs[2:]] == ["latent", "latent", "pixel", "latent"]
+    upsamplers = [run.knobs.get("upsampler", "latent") for run in runs[2:]]
+    assert upsamplers == ["latent", "latent", "pixel", "latent"]
     assert runs[3].folders["upsampler_r2"].endswith("ablation/upsampler_r2_bicubic_distilled")
     assert list(cfg.fd_ar.seeds) and not set(cfg.fd_ar.seeds) & set(cfg.seeds)
