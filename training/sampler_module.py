@@ -104,17 +104,18 @@ def check_loss(kind: str, loss: DictConfig) -> None:
         raise ValueError(f"every loss weight is 0 ({weights}): set at least one > 0")
     if loss.get("kl_context", "truth") not in KL_CONTEXTS:
         raise ValueError(f"loss.kl_context must be one of {KL_CONTEXTS}, got '{loss.kl_context}'")
-    if loss.get("ce_target", "truth") not in CE_TARGETS:
-        raise ValueError(f"loss.ce_target must be one of {CE_TARGETS}, got '{loss.ce_target}'")
-    if loss.get("ce_target", "truth") != "truth" and not loss.ce_weight > 0:
+    ce_target = loss.get("ce_target", "truth")
+    if ce_target not in CE_TARGETS:
+        raise ValueError(f"loss.ce_target must be one of {CE_TARGETS}, got '{ce_target}'")
+    if ce_target != "truth" and not loss.ce_weight > 0:
         raise ValueError(
-            f"loss.ce_target={loss.ce_target} sets the cross-entropy's labels, but loss.ce_weight is "
+            f"loss.ce_target={ce_target} sets the cross-entropy's labels, but loss.ce_weight is "
             f"{loss.ce_weight}: set ce_weight > 0 or leave ce_target=truth"
         )
-    if kind == "down" and loss.get("ce_target", "truth") != "truth":
+    if kind == "down" and ce_target != "truth":
         raise ValueError(
             "the down-sampler's cross-entropy labels are the down-scaled image's tokens: loss.ce_target "
-            f"must be 'truth', got '{loss.ce_target}'"
+            f"must be 'truth', got '{ce_target}'"
         )
     if loss.pixel_path not in PIXEL_PATHS:
         raise ValueError(f"loss.pixel_path must be one of {PIXEL_PATHS}, got '{loss.pixel_path}'")
