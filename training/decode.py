@@ -4,7 +4,7 @@ directly.
 
     mulo-decode method=ar prompt="two red circles left of a blue star on a striped background" out=sample.png
     mulo-decode method=mulo prompt="a red circle on a striped background"   # the recommended knobs
-    mulo-decode method=mulo knobs.r=4 knobs.l=1 knobs.accept_rule=absolute knobs.tau=0.0003
+    mulo-decode method=mulo knobs.r=4 knobs.l=1 knobs.tau=0.05 knobs.upsampler=pixel   # MuLo-SD 4x
     mulo-decode models=llamagen_t2i_xl_512 models.root=/ckpts method=mulo prompt="a corgi on a beach"
     mulo-decode models=tar_1024 models.root=/ckpts method=mulo prompt="a corgi on a beach" compare_ar=true
 
