@@ -147,8 +147,8 @@ class DecodeStats:
         )
         row["island_size_max"] = max(self.island_sizes, default=0)
         row["islands_per_cycle"] = " ".join(map(str, self.islands_per_cycle))
-        accepted = self.accepted_per_cycle
-        row["accepted_per_cycle_mean"] = sum(accepted) / len(accepted) if accepted else 0.0
+        accepted = self.accepted_per_cycle  # empty, not 0, for methods without draft-tree cycles
+        row["accepted_per_cycle_mean"] = sum(accepted) / len(accepted) if accepted else ""
         for name, seconds in sorted(self.phase_seconds.items()):
             row[f"time_{name}_s"] = seconds
         row["wall_s"] = self.wall_seconds

@@ -180,3 +180,6 @@ def test_stats_add_and_flat_row():
     assert row["islands_per_cycle"] == "2 1 0"
     assert row["time_verify_s"] == merged.phase_seconds["verify"] and row["wall_s"] == 0.5
     assert row["target_forwards"] == 8 and "device" not in row
+    assert row["accepted_per_cycle_mean"] == ""  # no draft-tree cycles: not a mean of 0 kept drafts
+    merged.accepted_per_cycle.extend([2, 3])
+    assert merged.as_dict()["accepted_per_cycle_mean"] == 2.5
