@@ -8,6 +8,8 @@ per position over channels (`ChannelLayerNorm`), never GroupNorm/BatchNorm, whos
 
 A stack of blocks whose masked convolutions have `kernel // 2` rows of reach sees `context_rows(blocks)` rows
 above an output row, so up-sampling new rows needs only that many rows of context (see `Upsampler`).
+`causal=False` keeps every tap (a plain size-preserving conv): for an up-sampler that sees the rows below as
+well, like the pixel-space path, when the whole low-res grid is drafted at once (MuLo-SD's default).
 """
 
 from __future__ import annotations
@@ -21,17 +23,21 @@ NORMS = ("layer", "none")
 
 class RowCausalConv2d(nn.Conv2d):
     """A size-preserving Conv2d (odd square kernel, zero padding, stride 1) whose taps below the centre row
-    are zero. The mask multiplies the weight in every forward, so an optimiser step (Adam moments, weight
-    decay) that moves a masked raw weight never reaches the output; `masked_weight` is the kernel in use."""
+    are zero (`causal=False`: none are). The mask multiplies the weight in every forward, so an optimiser step
+    (Adam moments, weight decay) that moves a masked raw weight never reaches the output; `masked_weight` is
+    the kernel in use."""
 
-    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, bias: bool = True):
+    def __init__(
+        self, in_channels: int, out_channels: int, kernel_size: int, bias: bool = True, causal: bool = True
+    ):
         if kernel_size < 1 or kernel_size % 2 == 0:
             raise ValueError(
                 f"kernel_size must be a positive odd int (centre row = own row), got {kernel_size}"
             )
         super().__init__(in_channels, out_channels, kernel_size, padding=kernel_size // 2, bias=bias)
         mask = torch.ones(kernel_size, kernel_size)
-        mask[kernel_size // 2 + 1 :] = 0.0
+        if causal:
+            mask[kernel_size // 2 + 1 :] = 0.0
         # not persistent: it follows from kernel_size, so checkpoints hold only the weights
         self.register_buffer("mask", mask, persistent=False)
         with torch.no_grad():
@@ -65,7 +71,7 @@ class RowCausalBlock(nn.Module):
     """Residual block: x + pointwise(SiLU(masked conv(norm(x)))). The pointwise conv adds capacity without
     adding row reach."""
 
-    def __init__(self, width: int, kernel: int, norm: str):
+    def __init__(self, width: int, kernel: int, norm: str, causal: bool = True):
         super().__init__()
         if norm not in NORMS:
             raise ValueError(
@@ -73,7 +79,7 @@ class RowCausalBlock(nn.Module):
                 f"rows and would break row causality)"
             )
         self.norm = ChannelLayerNorm(width) if norm == "layer" else nn.Identity()
-        self.conv = RowCausalConv2d(width, width, kernel)
+        self.conv = RowCausalConv2d(width, width, kernel, causal=causal)
         self.pointwise = nn.Conv2d(width, width, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -67,6 +67,10 @@ class UpsamplerConfig:
     kernel: int = 3
     norm: str = "layer"  # 'layer': LayerNorm over channels per position; 'none'
     output: str = "logits"  # 'logits' [B,V,rh,rw]; 'code' [B,D,rh,rw]; 'both'
+    # False: the convs also see the rows below (masked_conv.py), like the pixel-space path; new rows are then
+    # computed from the whole prefix, which matches training only when the whole low-res grid is drafted at
+    # once (MuLo-SD's default rows_per_cycle=None)
+    causal: bool = True
 
     def __post_init__(self):
         check_sampler_fields(self)
@@ -156,7 +160,8 @@ class Upsampler(TokenGridModel, Pretrained):
     def __init__(self, config: UpsamplerConfig, codebook: torch.Tensor | None = None):
         super().__init__(config, codebook)
         self.blocks = nn.ModuleList(
-            RowCausalBlock(config.width, config.kernel, config.norm) for _ in range(config.blocks)
+            RowCausalBlock(config.width, config.kernel, config.norm, config.causal)
+            for _ in range(config.blocks)
         )
         self.norm_out = ChannelLayerNorm(config.width) if config.norm == "layer" else nn.Identity()
         r2 = config.r * config.r
@@ -199,14 +204,15 @@ class Upsampler(TokenGridModel, Pretrained):
     def upsample_rows(self, ids_low: torch.Tensor, first_row: int, windowed: bool = True) -> torch.Tensor:
         """High-res rows r*first_row .. r*n - 1 for the low-res prefix ids_low [B, n, w]: [B, r*(n-first_row),
         r*w], equal to those rows of `upsample` on any grid that starts with this prefix. `windowed` feeds
-        only the `context_rows` rows above `first_row` (all the new rows depend on) instead of the prefix."""
+        only the `context_rows` rows above `first_row` (all the new rows depend on) instead of the prefix.
+        A non-causal up-sampler (`causal=False`) computes them from the whole prefix, as the pixel path."""
         check_token_grid(ids_low, self.codebook_size, "ids_low")
         n = ids_low.shape[1]
         if not 0 <= first_row < n:
             raise ValueError(
                 f"first_row must lie in [0, {n}) for a low-res prefix of {n} rows, got {first_row}"
             )
-        start = max(0, first_row - self.context_rows) if windowed else 0
+        start = max(0, first_row - self.context_rows) if windowed and self.config.causal else 0
         ids_high = self.upsample(ids_low[:, start:])
         return ids_high[:, self.r * (first_row - start) :]
 

@@ -1,6 +1,7 @@
 """Model folders (config.json + model.safetensors) that do not fit together, or do not read, fail with an
 error naming the file and the field: copies of the committed testbed models, corrupted one way each."""
 
+import dataclasses
 import json
 import shutil
 
@@ -49,7 +50,11 @@ def test_every_committed_model_stores_its_config_and_resaves_to_the_same_tensors
         for key, tensor in original.items():
             assert again[key].dtype == tensor.dtype and torch.equal(again[key], tensor), (name, key)
         with safe_open(str(resaved), "pt") as file:
-            assert json.loads(file.metadata()[CONFIG_KEY]) == stored, name
+            written = json.loads(file.metadata()[CONFIG_KEY])
+        assert written == {**written, **stored}, name  # every stored field kept
+        defaults = {field.name: field.default for field in dataclasses.fields(cls.config_class)}
+        added = {key: written[key] for key in written.keys() - stored.keys()}
+        assert added == {key: defaults[key] for key in added}, name  # fields newer than the file: defaults
 
 
 @pytest.mark.parametrize(

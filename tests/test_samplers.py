@@ -115,6 +115,20 @@ def test_incremental_rows_equal_whole_grid(r, windowed):
     assert torch.equal(torch.cat(rows, dim=1), whole)
 
 
+def test_non_causal_upsampler_sees_rows_below_and_upsamples_rows_from_the_whole_prefix(tmp_path):
+    model = upsampler(r=2, causal=False)
+    assert not model.blocks[0].conv.mask.eq(0).any()  # every tap in use
+    ids = grid(5, 4, seed=3)
+    base = model(ids)["logits"]
+    changed = model(perturb_row(ids, 2))["logits"]  # 2 blocks of reach 1: low-res row 0 sees rows 0 .. 2
+    assert not torch.equal(changed[:, :, :2], base[:, :, :2])
+    for first in range(5):  # windowed or not, the new rows come from the whole prefix given
+        for windowed in (False, True):
+            assert torch.equal(model.upsample_rows(ids, first, windowed), model.upsample(ids)[:, 2 * first :])
+    loaded = Upsampler.from_pretrained(model.save_pretrained(tmp_path / "non_causal")).eval()
+    assert loaded.config.causal is False and torch.equal(loaded(ids)["logits"], base)
+
+
 def test_upsample_rows_rejects_bad_first_row():
     with pytest.raises(
         ValueError, match=r"first_row must lie in \[0, 3\) for a low-res prefix of 3 rows, got 3"
