@@ -171,7 +171,8 @@ class Upsampler(TokenGridModel, Pretrained):
 
     @property
     def context_rows(self) -> int:
-        """Low-res rows above a row that its high-res rows depend on (blocks * (kernel // 2))."""
+        """Low-res rows above a row that its high-res rows depend on (blocks * (kernel // 2)); a non-causal
+        up-sampler also reaches as many rows below."""
         return context_rows(self.blocks)
 
     def forward(self, ids: torch.Tensor) -> dict[str, torch.Tensor]:
