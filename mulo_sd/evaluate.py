@@ -19,6 +19,8 @@ Protocol:
 - paired with AR (mulo_sd/paired.py): per (prompt, seed) `d_sceneeval` and `d_nll`, the difference to AR's
   decode of the same prompt and seed; a run's summary gives their means and, like the median speedup, a
   bootstrap interval (`_lo`, `_hi`) over the prompts;
+- FD ratio (mulo_sd/fd_ratio.py): `fd_ratio` = a run's FD over AR's, with a bootstrap interval over the
+  prompts on the reported split;
 - FD to AR (`fd_ar_seeds`): AR decodes every reported prompt once more per extra seed; `fd_ar` is the FD of
   a run's images to those, and AR's own `fd_ar` (AR under other seeds) the floor;
 - splits: prompts carry their split (mulo_sd/prompts.py); every summary entry is one (split, run).
@@ -56,6 +58,7 @@ from mulo_sd.eval_tables import (
     paired_table,
     plot_ablations,
 )
+from mulo_sd.fd_ratio import fd_ratio_intervals
 from mulo_sd.model_set import Models
 from mulo_sd.paired import BOOTSTRAP, Bootstrap, interval, per_seed_samples
 from mulo_sd.prompts import Prompt
@@ -74,7 +77,7 @@ REFERENCE_METHOD = "ar"
 SUMMARY_COLUMNS = (
     "label", "images", "wall_s_median", "speedup_median", "speedup_of_medians", "sequential_steps_median",
     "step_ratio_median", "target_forwards_mean", "nfe_ratio_median", "acceptance", "nll_mean", "sceneeval",
-    "sceneeval_sem", *(f"sceneeval_{kind}" for kind in CHECK_KINDS), "fd", "fd_ar",
+    "sceneeval_sem", *(f"sceneeval_{kind}" for kind in CHECK_KINDS), "fd", "fd_ratio", "fd_ar",
 )  # fmt: skip
 REFERENCE_COLUMNS = (
     "label", "images", "sceneeval", "sceneeval_sem", *(f"sceneeval_{kind}" for kind in CHECK_KINDS), "fd",
@@ -82,7 +85,7 @@ REFERENCE_COLUMNS = (
 )  # fmt: skip
 MATCHED_COLUMNS = (
     "method", "setting", "sceneeval_dev", "d_sceneeval_dev", "speedup", "speedup_of_medians", "step_ratio",
-    "sceneeval", "d_sceneeval", "fd", "fd_ar", "nll", "d_nll",
+    "sceneeval", "d_sceneeval", "fd", "fd_ratio", "fd_ar", "nll", "d_nll",
 )  # fmt: skip
 PAIRED = ("sceneeval", "nll")  # per-decode scores differenced with the reference decode (d_<score>)
 MATCH_RULES = ("interval", "tolerance")
@@ -240,9 +243,8 @@ def evaluate(
                     row["nll"] = float(token_nll(target, result.tokens, cond, cond_mask)[0])
                 if scorer is not None:
                     row |= sceneeval_rows(scorer, result.image, [prompt.caption])[0]
-                    features.setdefault((run.label, prompt.split), []).append(
-                        scene_features(scorer, result.image)
-                    )
+                    decodes = features.setdefault((run.label, prompt.split), {})
+                    decodes[prompt.index, seed] = scene_features(scorer, result.image)
                 if (prompt.split, prompt.index) in column and seed == seeds[0]:
                     grid[run.label, column[prompt.split, prompt.index]] = result.image[0].cpu()
                 rows.append(row)
@@ -252,7 +254,8 @@ def evaluate(
             ar_models = run_models[reference.label]
             result = decode(reference.method, ar_models, [prompt.caption], reference.knobs, sampler, seed)
             other_rows.append(sceneeval_rows(scorer, result.image, [prompt.caption])[0])
-            features.setdefault((OTHER_SEEDS, prompt.split), []).append(scene_features(scorer, result.image))
+            decodes = features.setdefault((OTHER_SEEDS, prompt.split), {})
+            decodes[prompt.index, seed] = scene_features(scorer, result.image)
             bar.update()
     bar.close()
     order = {run.label: n for n, run in enumerate(runs)}
@@ -268,12 +271,13 @@ def evaluate(
             split: scene_features(scorer, torch.stack([p.image for p in prompts if p.split == split]))
             for split in splits
         }
-        pooled = {key: torch.cat(value) for key, value in features.items()}
+        pooled = {key: torch.cat(list(value.values())) for key, value in features.items()}
         for entry in summary:
             own = pooled[entry["label"], entry["split"]]
             entry["fd"] = frechet_distance(real[entry["split"]], own)
             if (OTHER_SEEDS, entry["split"]) in pooled:
                 entry["fd_ar"] = frechet_distance(pooled[OTHER_SEEDS, entry["split"]], own)
+        add_fd_ratios(summary, features, real, prompts, reference.label, reported, bootstrap)
         split = reported[0]
         other = None
         if other_rows:
@@ -365,6 +369,25 @@ def add_ratios(rows: list[dict], reference: str) -> None:
         for score in PAIRED:
             if score in row and score in ref:
                 row[f"d_{score}"] = row[score] - ref[score]
+
+
+def add_fd_ratios(
+    summary: list[dict], features: dict, real: dict, prompts: list[Prompt], reference: str,
+    reported: list[str], bootstrap: Bootstrap,
+) -> None:  # fmt: skip
+    """Every summary entry's `fd_ratio` (its FD over the reference run's, same split) and, on the reported
+    splits, its interval `fd_ratio_lo` .. `fd_ratio_hi` (mulo_sd/fd_ratio.py). features: (label, split) ->
+    {(prompt index, seed): features}; real: split -> features of the split's real images in prompt order."""
+    base = {entry["split"]: entry["fd"] for entry in summary if entry["label"] == reference}
+    for entry in summary:
+        entry["fd_ratio"] = entry["fd"] / base[entry["split"]] if base[entry["split"]] > 0 else None
+    for split in reported:
+        indices = [p.index for p in prompts if p.split == split]
+        entries = [entry for entry in summary if entry["split"] == split]
+        runs = {entry["label"]: features[entry["label"], split] for entry in entries}
+        bounds = fd_ratio_intervals(dict(zip(indices, real[split], strict=True)), runs, reference, bootstrap)
+        for entry in entries:
+            entry["fd_ratio_lo"], entry["fd_ratio_hi"] = bounds[entry["label"]]
 
 
 def _mean(values: list[float]) -> float:
@@ -550,7 +573,8 @@ def _matched_row(family: str, entry: dict | None) -> dict:
         "speedup_of_medians": entry["speedup_of_medians"], "step_ratio": entry["step_ratio_median"],
         "sceneeval": entry["sceneeval"], "d_sceneeval": entry.get("d_sceneeval"),
         "d_sceneeval_lo": entry.get("d_sceneeval_lo"), "d_sceneeval_hi": entry.get("d_sceneeval_hi"),
-        "fd": entry.get("fd"), "fd_ar": entry.get("fd_ar"), "nll": entry.get("nll_mean"),
+        "fd": entry.get("fd"), "fd_ratio": entry.get("fd_ratio"), "fd_ratio_lo": entry.get("fd_ratio_lo"),
+        "fd_ratio_hi": entry.get("fd_ratio_hi"), "fd_ar": entry.get("fd_ar"), "nll": entry.get("nll_mean"),
         "d_nll": entry.get("d_nll"), "d_nll_lo": entry.get("d_nll_lo"), "d_nll_hi": entry.get("d_nll_hi"),
     }  # fmt: skip
 

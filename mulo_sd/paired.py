@@ -21,17 +21,19 @@ METHOD = "percentile"
 @dataclass(frozen=True)
 class Bootstrap:
     """`resamples` bootstrap draws at `confidence`, from a generator seeded with `seed` (fixed: a rerun on the
-    same numbers gives the same interval)."""
+    same numbers gives the same interval); `fd_resamples` draws for the FD ratio (mulo_sd/fd_ratio.py),
+    fewer because each draw refits FD for every run."""
 
     resamples: int = 9999
     confidence: float = 0.95
     seed: int = 0
+    fd_resamples: int = 1999
 
     def __post_init__(self):
-        if self.resamples < 1 or not 0 < self.confidence < 1:
+        if min(self.resamples, self.fd_resamples) < 1 or not 0 < self.confidence < 1:
             raise ValueError(
-                f"bootstrap needs resamples >= 1 and 0 < confidence < 1, got {self.resamples} and "
-                f"{self.confidence}"
+                f"bootstrap needs resamples >= 1, fd_resamples >= 1 and 0 < confidence < 1, got "
+                f"{self.resamples}, {self.fd_resamples} and {self.confidence}"
             )
 
 

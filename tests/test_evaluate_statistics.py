@@ -120,6 +120,12 @@ def test_fd_to_ar_of_ar_against_itself_is_zero_and_positive_under_other_seeds(te
                     grid_prompts=0, progress=False, fd_ar_seeds=[0])  # fmt: skip
     assert same.summary[0]["fd_ar"] == pytest.approx(0.0, abs=1e-6)  # AR's decodes repeat exactly
     assert same.summary[1]["fd_ar"] > 1e-4
+    ar, zipar = same.summary
+    assert (ar["fd_ratio"], ar["fd_ratio_lo"], ar["fd_ratio_hi"]) == (1.0, 1.0, 1.0)
+    assert zipar["fd_ratio"] == pytest.approx(zipar["fd"] / ar["fd"])
+    assert 0 < zipar["fd_ratio_lo"] < zipar["fd_ratio_hi"]
+    shown = f"{zipar['fd_ratio']:.4g} [{zipar['fd_ratio_lo']:.4g}, {zipar['fd_ratio_hi']:.4g}]"
+    assert shown in (tmp_path / "same/summary.md").read_text()
     other = evaluate(models, runs, prompts, [0], SamplerConfig(), "cpu", tmp_path / "other", warmup=0,
                      grid_prompts=0, progress=False, fd_ar_seeds=[1, 2])  # fmt: skip
     floor = other.summary[0]["fd_ar"]
