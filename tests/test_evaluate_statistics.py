@@ -264,11 +264,13 @@ def test_matched_table_picks_on_dev_and_reports_on_test(testbed, tmp_path):
 def test_headline_preset_expands_to_the_readme_settings(testbed, tmp_path):
     cfg = compose("evaluate", tmp_path, ["eval=headline", *at(testbed)])
     runs = expand_runs(OmegaConf.to_container(cfg.runs, resolve=True))
-    assert [run.method for run in runs] == ["ar", "zipar", *["mulo"] * 6]
-    assert [run.knobs.get("r") for run in runs[2:]] == [2, 2, 2, 4, 4, 4] and cfg.prompts.split == "test"
+    assert [run.method for run in runs] == ["ar", "zipar", *["mulo"] * 8]
+    assert [run.knobs.get("r") for run in runs[2:]] == [2] * 4 + [4] * 4 and cfg.prompts.split == "test"
     upsamplers = [run.knobs.get("upsampler", "latent") for run in runs[2:]]
-    assert upsamplers == ["latent", "latent", "pixel", "latent", "latent", "pixel"]
-    assert runs[3].folders["upsampler_r2"].endswith("ablation/upsampler_r2_bicubic_distilled")
-    assert runs[6].folders["upsampler_r4"].endswith("ablation/upsampler_r4_bicubic_distilled")
-    assert [run.knobs["l"] for run in runs[5:]] == [1, 1, 1]
+    assert upsamplers == ["latent", "latent", "latent", "pixel", "latent", "latent", "latent", "pixel"]
+    distilled = [runs[i].folders.get(f"upsampler_r{runs[i].knobs['r']}", "") for i in (3, 4, 7, 8)]
+    for folder, name in zip(distilled, ("r2", "r2", "r4", "r4"), strict=True):
+        assert f"ablation/upsampler_{name}_bicubic_distilled" in folder
+    assert [folder.endswith("_noncausal") for folder in distilled] == [False, True, False, True]
+    assert [run.knobs["l"] for run in runs[6:]] == [1, 1, 1, 1]
     assert list(cfg.fd_ar.seeds) and not set(cfg.fd_ar.seeds) & set(cfg.seeds)
