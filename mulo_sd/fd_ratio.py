@@ -13,7 +13,6 @@ use the Gram form below (one SVD of [Na, Nb]) rather than two eigendecomposition
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from mulo_sd.paired import BOOTSTRAP, Bootstrap
 
@@ -31,14 +30,18 @@ def frechet_distance_gram(features_a: np.ndarray, features_b: np.ndarray) -> flo
     return max(float(mean_term + traces - 2.0 * trace_sqrt), 0.0)
 
 
+def _vector(features) -> np.ndarray:
+    """One image's features (a CPU tensor or array, [F] or [1, F]) as float64 [F]."""
+    return np.asarray(features, dtype=np.float64).reshape(-1)
+
+
 def _by_prompt(decodes: dict, prompts: list, seeds: list, label: str) -> np.ndarray:
     """[prompts, seeds, F] from {(prompt, seed): features [1, F]}; raises naming the first missing decode."""
     missing = [(p, s) for p in prompts for s in seeds if (p, s) not in decodes]
     if missing:
         prompt, seed = missing[0]
         raise ValueError(f"fd_ratio: '{label}' has no decode of prompt {prompt} at seed {seed}")
-    rows = [[torch.as_tensor(decodes[p, s]).reshape(-1) for s in seeds] for p in prompts]
-    return np.array([[row.double().numpy() for row in per_seed] for per_seed in rows])
+    return np.array([[_vector(decodes[p, s]) for s in seeds] for p in prompts])
 
 
 def fd_ratio_intervals(
@@ -53,17 +56,19 @@ def fd_ratio_intervals(
     seeds = sorted({seed for _, seed in runs[reference]})
     if len(prompts) < 2:
         return dict.fromkeys(runs, (None, None))
-    real_array = np.array([torch.as_tensor(real[p]).reshape(-1).double().numpy() for p in prompts])
+    real_array = np.array([_vector(real[p]) for p in prompts])
     decoded = {label: _by_prompt(decodes, prompts, seeds, label) for label, decodes in runs.items()}
     rng = np.random.default_rng(settings.seed)
     ratios = {label: np.empty(settings.fd_resamples) for label in runs}
     for n in range(settings.fd_resamples):
         draw = rng.integers(0, len(prompts), len(prompts))
         scenes = real_array[draw]
-        base = frechet_distance_gram(scenes, decoded[reference][draw].reshape(-1, scenes.shape[1]))
-        for label, array in decoded.items():
-            own = frechet_distance_gram(scenes, array[draw].reshape(-1, scenes.shape[1]))
-            ratios[label][n] = own / base
+        fds = {
+            label: frechet_distance_gram(scenes, array[draw].reshape(-1, scenes.shape[1]))
+            for label, array in decoded.items()
+        }
+        for label, fd in fds.items():
+            ratios[label][n] = fd / fds[reference]
     tail = 50.0 * (1.0 - settings.confidence)
     return {
         label: (float(np.percentile(values, tail)), float(np.percentile(values, 100.0 - tail)))
