@@ -180,6 +180,7 @@ def test_recommended_knobs_are_the_defaults():
         "r": 2, "upsampler": "latent", "downsampler": "latent", "pixel_mode": "bicubic", "tau": 0.02,
         "accept_rule": "typical", "k": 4, "l": 0, "rejection": "local", "rows_per_cycle": None,
         "draft_window": 1, "island_zipar_window": 1, "refresh_after_resample": False, "parallel": True,
+        "drafter_cfg_scale": None,
     }  # fmt: skip
     assert resolve_knobs("lantern", {}) == {"k": 64, "delta": 0.4, "draft_len": 4}
     assert resolve_knobs("zipar", {}) == {"window": 4}

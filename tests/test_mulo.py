@@ -256,6 +256,20 @@ def test_zipar_drafting_follows_the_zipar_schedule(target, drafter, neighbours):
     assert result.stats.drafter_forwards == zipar.stats.target_forwards  # start + ZipAR calls
 
 
+def test_drafter_guidance_scale_drives_the_drafter_only(target, drafter, neighbours):
+    # tau = 0, one cycle: the draft is AR decoding of the drafter, under its own guidance scale when given
+    sampler = SamplerConfig(temperature=1.0, cfg_scale=2.0)
+    guided = run(target, drafter, neighbours, sampler=sampler, tau=0.0, drafter_cfg_scale=5.0, seed=5)
+    drafter_ar = decode_ar(
+        drafter, COND, SamplerConfig(temperature=1.0, cfg_scale=5.0), torch.Generator().manual_seed(5)
+    )
+    assert torch.equal(guided.tokens, RepeatUpsampler(2).upsample(drafter_ar.tokens))
+    plain = run(target, drafter, neighbours, sampler=sampler, tau=0.0, seed=5)
+    assert not torch.equal(guided.tokens, plain.tokens)
+    same = run(target, drafter, neighbours, sampler=sampler, tau=0.0, drafter_cfg_scale=2.0, seed=5)
+    assert torch.equal(same.tokens, plain.tokens)  # the target's scale given explicitly: nothing changes
+
+
 def test_typical_rule_rejects_fewer_than_the_absolute_rule(target, drafter, neighbours):
     # one cycle (naive local rejection), same seed: the same draft and verification; the typical bar
     # tau * exp(-H) is never above tau, so it rejects no more, and on these flat tiny-model distributions

@@ -27,7 +27,9 @@ One cycle, until the high-res grid (target, H x W) is full:
 Interfaces (duck-typed): upsampler.r, .codebook_size, .upsample_rows(ids_low [1, n, w], first_row) ->
 [1, r * (n - first_row), W]; downsampler.r, .codebook_size, .downsample(ids_high [1, r * n, W]) -> [1, n, w],
 called on the committed complete row groups only, once per cycle that completes new ones and never after the
-last cycle. The drafter samples with the same SamplerConfig as the target (guidance included).
+last cycle. The drafter samples with the same SamplerConfig as the target (guidance included), or under its
+own guidance scale `drafter_cfg_scale`: a stronger one draws more of the caption's objects into the draft, at
+the cost of backgrounds further from the scenes (docs/testbed.md, "Drafter guidance").
 
 Project decisions:
 - raster, partially committed rows: the drafter's prefix is the low-res rows whose r high-res rows are all
@@ -68,7 +70,7 @@ from t0 on (e.g. l >= max(H, W)): then the resampling is plain AR decoding of th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -99,6 +101,7 @@ class Knobs:
     island_zipar_window: int | None
     refresh_after_resample: bool
     parallel: bool
+    drafter_sampler: SamplerConfig
 
 
 @torch.inference_mode()
@@ -122,6 +125,7 @@ def decode_mulo(
     island_zipar_window: int | None = None,
     refresh_after_resample: bool = False,
     parallel: bool = True,
+    drafter_cfg_scale: float | None = None,
     cond_mask: torch.Tensor | None = None,
     tokenizer=None,
 ) -> DecodeResult:
@@ -142,6 +146,7 @@ def decode_mulo(
         if value is not None and value < 1:
             raise ValueError(f"{name} must be None or >= 1, got {value}")
     r = _check_models(target, drafter, upsampler, downsampler)
+    drafter_sampler = sampler if drafter_cfg_scale is None else replace(sampler, cfg_scale=drafter_cfg_scale)
     check_neighbour_knobs(neighbours, k, target.vocab_size)
     knobs = Knobs(
         r=r,
@@ -156,6 +161,7 @@ def decode_mulo(
         island_zipar_window=island_zipar_window,
         refresh_after_resample=refresh_after_resample,
         parallel=parallel,
+        drafter_sampler=drafter_sampler,
     )
     images, stats = [], None
     for i in range(cond.shape[0]):
@@ -212,7 +218,8 @@ class ImageDecode:
         with stats.wall():
             with stats.phase("prefill"):
                 self.target_state = self.target.start(cond, self.sampler.cfg_scale, cond_mask=cond_mask)
-                self.drafter_state = self.drafter.start(cond, self.sampler.cfg_scale, cond_mask=cond_mask)
+                drafter_cfg = knobs.drafter_sampler.cfg_scale
+                self.drafter_state = self.drafter.start(cond, drafter_cfg, cond_mask=cond_mask)
             committed = 0  # high-res positions committed: always a raster prefix
             prefix_rows = 0  # low-res rows the drafter holds as its (down-sampled) prefix
             while committed < size:
@@ -247,7 +254,8 @@ class ImageDecode:
         """The drafter samples low-res rows [first_row, last_row), serially or ZipAR-style."""
         width, window = self.low_width, self.knobs.draft_window
         rows = [list(range(j * width, (j + 1) * width)) for j in range(first_row, last_row)]
-        fill(self.drafter, self.drafter_state, self.low, [rows], window, self.sampler, self.generator)
+        sampler = self.knobs.drafter_sampler
+        fill(self.drafter, self.drafter_state, self.low, [rows], window, sampler, self.generator)
 
     def upsample(self, first_row: int, last_row: int, start: int, end: int) -> None:
         """Up-sample the new low-res rows; positions [start, end) of their high-res rows become the draft."""
