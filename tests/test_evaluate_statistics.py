@@ -264,13 +264,20 @@ def test_matched_table_picks_on_dev_and_reports_on_test(testbed, tmp_path):
 def test_headline_preset_expands_to_the_readme_settings(testbed, tmp_path):
     cfg = compose("evaluate", tmp_path, ["eval=headline", *at(testbed)])
     runs = expand_runs(OmegaConf.to_container(cfg.runs, resolve=True))
-    assert [run.method for run in runs] == ["ar", "zipar", *["mulo"] * 8]
-    assert [run.knobs.get("r") for run in runs[2:]] == [2] * 4 + [4] * 4 and cfg.prompts.split == "test"
+    assert [run.method for run in runs] == ["ar", "zipar", *["mulo"] * 12]
+    assert [run.knobs.get("r") for run in runs[2:]] == [2] * 6 + [4] * 6 and cfg.prompts.split == "test"
     upsamplers = [run.knobs.get("upsampler", "latent") for run in runs[2:]]
-    assert upsamplers == ["latent", "latent", "latent", "pixel", "latent", "latent", "latent", "pixel"]
-    distilled = [runs[i].folders.get(f"upsampler_r{runs[i].knobs['r']}", "") for i in (3, 4, 7, 8)]
-    for folder, name in zip(distilled, ("r2", "r2", "r4", "r4"), strict=True):
+    assert upsamplers == [*["latent"] * 3, "pixel", "pixel", *["latent"] * 4, "pixel", "latent", "pixel"]
+    distilled = [runs[i].folders.get(f"upsampler_r{runs[i].knobs['r']}", "") for i in (3, 4, 7, 9, 10, 12)]
+    for folder, name in zip(distilled, ("r2", "r2", "r2", "r4", "r4", "r4"), strict=True):
         assert f"ablation/upsampler_{name}_bicubic_distilled" in folder
-    assert [folder.endswith("_noncausal") for folder in distilled] == [False, True, False, True]
-    assert [run.knobs["l"] for run in runs[6:]] == [1, 1, 1, 1]
+    assert [folder.endswith("_noncausal") for folder in distilled] == [False, True, True, False, True, True]
+    drafters = [run.folders.get(f"drafter_r{run.knobs.get('r')}", "") for run in runs]
+    from_target = [i for i, folder in enumerate(drafters) if folder.endswith("_from_target")]
+    assert from_target == [6, 7, 12, 13]
+    assert all(f"ablation/drafter_r{runs[i].knobs['r']}_from_target" in drafters[i] for i in from_target)
+    # at the settings chosen for the committed drafters: the pixel and the not-row-causal rows'
+    for fine_tuned, committed in ((6, 5), (7, 4), (12, 10), (13, 11)):
+        assert runs[fine_tuned].knobs == runs[committed].knobs
+    assert [run.knobs["l"] for run in runs[8:]] == [1] * 6
     assert list(cfg.fd_ar.seeds) and not set(cfg.fd_ar.seeds) & set(cfg.seeds)
