@@ -116,8 +116,14 @@ class PixelUpsampler:
     @torch.no_grad()
     def upsample(self, ids: torch.Tensor) -> torch.Tensor:
         """ids [B, h, w] -> ids [B, r*h, r*w]."""
+        return self.vq.nearest_ids(self.latents(ids))
+
+    @torch.no_grad()
+    def latents(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids [B, h, w] -> the VQ encoder's codes of the enlarged image before quantisation [B, D, r*h, r*w]
+        (`upsample` is their nearest codebook entries)."""
         self.vq.check_ids(ids)
-        return self.vq.encode(self.enlarge(self.vq.decode(ids)))
+        return self.vq.continuous_codes(self.enlarge(self.vq.decode(ids)))
 
     @torch.no_grad()
     def upsample_rows(self, ids_low: torch.Tensor, first_row: int) -> torch.Tensor:

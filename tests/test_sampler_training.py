@@ -428,6 +428,45 @@ def test_ce_target_distils_the_pixel_space_path(folders):
         instantiate_module(folders, ["loss.ce_target=bicubic"], experiment="testbed/downsampler_r2")
 
 
+def test_latent_distillation_fits_the_pixel_paths_encoder_codes(folders):
+    """loss=latent_distill: the up-sampler's continuous code is fitted to the bicubic path's encoder codes
+    (L2-normalised like the codebook), its draft is their nearest entry, and a code equal to the teacher's
+    reproduces the pixel path's tokens exactly."""
+    run_dir = folders["root"] / "latent_distill"
+    metrics = run(compose_train(folders, run_dir, [*tiny(folders), "loss=latent_distill"]))
+    assert "val/acc" in metrics and logged(run_dir, "train/acc_ce_target")
+
+    module = instantiate_module(folders, ["loss=latent_distill"])
+    assert module.sampler.config.output == "code"
+    truth = torch.randint(0, CODES, (2, 16, 16))
+    low = truth[:, ::2, ::2]
+    batch = {"caption": ["a red circle", "two blue stars"], "tok16": truth, "tok8": low}
+    teacher = PixelUpsampler(module.vq, 2, "bicubic")
+    latents = teacher.latents(low)
+    normalised = torch.nn.functional.normalize(latents, dim=1)
+    codes = module.sampler(low)["codes"]
+    terms, logs, _ = module.generator_terms(batch, step=0)
+    assert set(terms) == {"latent"}
+    torch.testing.assert_close(terms["latent"], torch.nn.functional.mse_loss(codes, normalised))
+    labels = teacher.upsample(low)
+    torch.testing.assert_close(
+        logs["acc_ce_target"], (module.sampler.tokens({"codes": codes}) == labels).float().mean()
+    )
+    assert torch.equal(module.sampler.tokens({"codes": normalised}), labels)
+
+    mixed = instantiate_module(folders, ["loss=latent_distill", "loss.ce_weight=1"])
+    assert mixed.sampler.config.output == "both"
+    terms, _, _ = mixed.generator_terms(batch, step=0)
+    assert set(terms) == {"latent", "ce"}
+    ce = torch.nn.functional.cross_entropy(mixed.sampler(low)["logits"], labels)
+    torch.testing.assert_close(terms["ce"], ce)
+
+    with pytest.raises(Exception, match="loss.latent_weight > 0 fits the up-sampler's code to a pixel-space"):
+        instantiate_module(folders, ["loss=latent_distill", "loss.ce_target=truth"])
+    with pytest.raises(Exception, match="the down-sampler's cross-entropy labels are the down-scaled"):
+        instantiate_module(folders, ["loss=latent_distill"], "testbed/downsampler_r2")
+
+
 def test_target_kl_needs_a_target_and_an_up_sampler(folders):
     with pytest.raises(Exception, match="loss.kl_weight > 0 distils the target's distribution, but there is"):
         instantiate_module(folders, ["loss=target_kl"])

@@ -27,6 +27,10 @@ target teacher-forced on the draft itself, which is what decoding's verification
 `loss.ce_target` picks the cross-entropy's labels: the image's own high-res tokens (`truth`), or for the
 up-sampler the pixel-space path's tokens for the same low-res grid (`bicubic`, `bilinear`, `lanczos`:
 VQ-decode, resize, VQ-encode): distillation of the training-free sampler into one that needs neither VQ pass.
+`loss.latent_weight` distils the same path by regression instead of classification: the up-sampler's
+continuous code is fitted (MSE) to the VQ encoder's code of the enlarged image before quantisation, as the
+quantiser compares it with the codebook (L2-normalised for a normalised codebook); its draft is the nearest
+codebook entry, so a close fit reproduces the pixel path's tokens and a near miss lands on a near code.
 
 `loss=target_kl` fits the up-sampler to the target's distribution at each position, teacher-forced on the
 ground truth (`loss.kl_context=truth`) or, on-policy, on the up-sampler's own argmax draft (`draft`: the
@@ -95,7 +99,8 @@ def uses_pixels(loss: DictConfig) -> bool:
 
 
 def check_loss(kind: str, loss: DictConfig) -> None:
-    weights = {name: loss.get(name, 0.0) for name in ("ce_weight", "kl_weight", "mse_weight", "lpips_weight")}
+    names = ("ce_weight", "kl_weight", "latent_weight", "mse_weight", "lpips_weight")
+    weights = {name: loss.get(name, 0.0) for name in names}
     weights["gan.weight"] = loss.gan.weight
     negative = {name: w for name, w in weights.items() if w < 0}
     if negative:
@@ -107,10 +112,16 @@ def check_loss(kind: str, loss: DictConfig) -> None:
     ce_target = loss.get("ce_target", "truth")
     if ce_target not in CE_TARGETS:
         raise ValueError(f"loss.ce_target must be one of {CE_TARGETS}, got '{ce_target}'")
-    if ce_target != "truth" and not loss.ce_weight > 0:
+    if ce_target != "truth" and not (loss.ce_weight > 0 or weights["latent_weight"] > 0):
         raise ValueError(
             f"loss.ce_target={ce_target} sets the cross-entropy's labels, but loss.ce_weight is "
             f"{loss.ce_weight}: set ce_weight > 0 or leave ce_target=truth"
+        )
+    if weights["latent_weight"] > 0 and ce_target == "truth":
+        raise ValueError(
+            "loss.latent_weight > 0 fits the up-sampler's code to a pixel-space path's encoder codes: set "
+            "loss.ce_target to the path to distil (one of "
+            f"{MODES}), got ce_target=truth"
         )
     if kind == "down" and ce_target != "truth":
         raise ValueError(
@@ -133,10 +144,11 @@ def check_loss(kind: str, loss: DictConfig) -> None:
 
 def upsampler_output(loss: DictConfig) -> str:
     """The UpsamplerConfig.output the loss trains: logits for cross-entropy, target distillation and the soft
-    pixel path, a continuous code for the straight-through pixel path."""
+    pixel path, a continuous code for the straight-through pixel path and latent distillation."""
     logits = loss.ce_weight > 0 or loss.get("kl_weight", 0.0) > 0
     logits = logits or (uses_pixels(loss) and loss.pixel_path == "soft")
     codes = uses_pixels(loss) and loss.pixel_path == "straight_through"
+    codes = codes or loss.get("latent_weight", 0.0) > 0
     return "both" if logits and codes else "code" if codes else "logits"
 
 
@@ -403,12 +415,15 @@ class SamplerLightning(L.LightningModule):
         if c.ce_weight > 0 or c.get("kl_weight", 0.0) > 0:
             truth = self.token_grid(batch, self.output_size)
             logs["acc"] = (out["logits"].argmax(1) == truth).float().mean()
+        labels = truth if c.ce_weight > 0 else None
+        if self.ce_teacher is not None:
+            with torch.autocast(device_type=inputs.device.type, enabled=False):  # float32, as decoding's
+                latents = self.ce_teacher.latents(inputs)
+                labels = self.vq.nearest_ids(latents)
+            logs["acc_ce_target"] = (self.sampler.tokens(out) == labels).float().mean()
+            if c.get("latent_weight", 0.0) > 0:
+                terms["latent"] = c.latent_weight * F.mse_loss(out["codes"].float(), self.prepared(latents))
         if c.ce_weight > 0:
-            labels = truth
-            if self.ce_teacher is not None:
-                with torch.autocast(device_type=inputs.device.type, enabled=False):  # float32, as decoding's
-                    labels = self.ce_teacher.upsample(inputs)
-                logs["acc_ce_target"] = (out["logits"].argmax(1) == labels).float().mean()
             terms["ce"] = c.ce_weight * token_cross_entropy(out["logits"], labels, c.label_smoothing)
         if c.get("kl_weight", 0.0) > 0:
             context = truth if c.get("kl_context", "truth") == "truth" else out["logits"].detach().argmax(1)
@@ -438,6 +453,13 @@ class SamplerLightning(L.LightningModule):
                 )
                 logs.update(adv_logs)
         return terms, logs, fake
+
+    def prepared(self, latents: torch.Tensor) -> torch.Tensor:
+        """Encoder codes [B, D, h, w] as the quantiser compares them with the codebook (L2-normalised for a
+        normalised codebook)."""
+        b, d, h, w = latents.shape
+        flat = self.vq.quantize.prepare(latents.permute(0, 2, 3, 1).reshape(-1, d))
+        return flat.view(b, h, w, d).permute(0, 3, 1, 2)
 
     def target_distribution(self, batch: dict, context: torch.Tensor) -> torch.Tensor:
         """The target's processed distribution at each position of the grid `context` [B,h,w] (the ground
