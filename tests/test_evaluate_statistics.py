@@ -187,8 +187,9 @@ def test_run_folders_swap_the_model_and_name_the_run_when_missing(testbed, tmp_p
 
 ABLATION_LABELS = [
     "AR", "base: token_ce, k=4, l=0, parallel", "up-sampler=pixel", "up-sampler=mse_lpips",
-    "up-sampler=mse_lpips_gan", "up-sampler=target_kl", "up-sampler=bicubic_distilled", "pooling k=0",
-    "pooling k=16", "rejection=raster", "rejection=local l=1", "parallel=false", "accept_rule=typical",
+    "up-sampler=mse_lpips_gan", "up-sampler=target_kl", "up-sampler=bicubic_distilled",
+    "up-sampler=latent_distilled", "pooling k=0", "pooling k=16", "rejection=raster", "rejection=local l=1",
+    "parallel=false", "accept_rule=typical",
 ]  # fmt: skip
 
 
@@ -198,14 +199,14 @@ def test_ablations_preset_expands_into_the_five_ablations(testbed, tmp_path):
     assert [run.label for run in runs] == ABLATION_LABELS
     base = ABLATION_LABELS[1]
     assert ablation_groups(runs) == {
-        "up-sampler": [base, *ABLATION_LABELS[2:7]],
+        "up-sampler": [base, *ABLATION_LABELS[2:8]],
         "pooling": [base, "pooling k=0", "pooling k=16"],
         "rejection": [base, "rejection=raster", "rejection=local l=1"],
         "parallel decoding": [base, "parallel=false"],
         "accept rule": [base, "accept_rule=typical"],
     }
-    folders = [run.folders.get("upsampler_r2") for run in runs[3:7]]
-    losses = ("mse_lpips", "mse_lpips_gan", "target_kl", "bicubic_distilled")
+    folders = [run.folders.get("upsampler_r2") for run in runs[3:8]]
+    losses = ("mse_lpips", "mse_lpips_gan", "target_kl", "bicubic_distilled", "latent_distilled")
     assert folders == [f"${{testbed:ablation/upsampler_r2_{loss}}}" for loss in losses]
     assert cfg.prompts.split == "test" and runs[2].knobs["upsampler"] == "pixel"
 
@@ -264,20 +265,25 @@ def test_matched_table_picks_on_dev_and_reports_on_test(testbed, tmp_path):
 def test_headline_preset_expands_to_the_readme_settings(testbed, tmp_path):
     cfg = compose("evaluate", tmp_path, ["eval=headline", *at(testbed)])
     runs = expand_runs(OmegaConf.to_container(cfg.runs, resolve=True))
-    assert [run.method for run in runs] == ["ar", "zipar", *["mulo"] * 12]
-    assert [run.knobs.get("r") for run in runs[2:]] == [2] * 6 + [4] * 6 and cfg.prompts.split == "test"
+    assert [run.method for run in runs] == ["ar", "zipar", *["mulo"] * 14]
+    assert [run.knobs.get("r") for run in runs[2:]] == [2] * 7 + [4] * 7 and cfg.prompts.split == "test"
     upsamplers = [run.knobs.get("upsampler", "latent") for run in runs[2:]]
-    assert upsamplers == [*["latent"] * 3, "pixel", "pixel", *["latent"] * 4, "pixel", "latent", "pixel"]
-    distilled = [runs[i].folders.get(f"upsampler_r{runs[i].knobs['r']}", "") for i in (3, 4, 7, 9, 10, 12)]
+    pixel = [i for i, upsampler in enumerate(upsamplers, start=2) if upsampler == "pixel"]
+    assert pixel == [5, 6, 12, 14] and set(upsamplers) == {"latent", "pixel"}
+    distilled = [runs[i].folders.get(f"upsampler_r{runs[i].knobs['r']}", "") for i in (3, 4, 7, 10, 11, 13)]
     for folder, name in zip(distilled, ("r2", "r2", "r2", "r4", "r4", "r4"), strict=True):
         assert f"ablation/upsampler_{name}_bicubic_distilled" in folder
     assert [folder.endswith("_noncausal") for folder in distilled] == [False, True, True, False, True, True]
+    for i, r in ((8, 2), (15, 4)):
+        assert runs[i].folders[f"upsampler_r{r}"].endswith(f"ablation/upsampler_r{r}_latent_distilled")
     drafters = [run.folders.get(f"drafter_r{run.knobs.get('r')}", "") for run in runs]
     from_target = [i for i, folder in enumerate(drafters) if folder.endswith("_from_target")]
-    assert from_target == [6, 7, 12, 13]
+    assert from_target == [6, 7, 8, 13, 14, 15]
     assert all(f"ablation/drafter_r{runs[i].knobs['r']}_from_target" in drafters[i] for i in from_target)
     # at the settings chosen for the committed drafters: the pixel and the not-row-causal rows'
-    for fine_tuned, committed in ((6, 5), (7, 4), (12, 10), (13, 11)):
+    for fine_tuned, committed in ((6, 5), (7, 4), (13, 11), (14, 12)):
         assert runs[fine_tuned].knobs == runs[committed].knobs
-    assert [run.knobs["l"] for run in runs[8:]] == [1] * 6
+    # the latent-distilled rows at the taus chosen for them on dev: 0.02 at 2x, 0.05 at 4x
+    assert runs[8].knobs == runs[7].knobs and runs[15].knobs == {**runs[13].knobs, "tau": 0.05}
+    assert [run.knobs["l"] for run in runs[9:]] == [1] * 7
     assert list(cfg.fd_ar.seeds) and not set(cfg.fd_ar.seeds) & set(cfg.seeds)

@@ -57,6 +57,23 @@ def test_every_committed_model_stores_its_config_and_resaves_to_the_same_tensors
         assert added == {key: defaults[key] for key in added}, name  # fields newer than the file: defaults
 
 
+def test_every_shipped_ablation_model_loads_for_the_testbed_tokenizer():
+    """The folders under ablation/ that the presets and the README name: each loads, each up-sampler was
+    trained for the testbed VQ's codebook, and the latent-distilled ones draft from a code, not row-causal."""
+    vq = MODEL_CLASSES["vq"].from_pretrained(TESTBED_DIR / "vq")
+    upsamplers = sorted((TESTBED_DIR / "ablation").glob("upsampler_r*"))
+    names = {folder.name for folder in upsamplers}
+    assert {"upsampler_r2_latent_distilled", "upsampler_r4_latent_distilled"} <= names
+    for folder in upsamplers:
+        sampler = Upsampler.from_pretrained(folder)
+        sampler.check_tokenizer(vq)
+        assert sampler.r == int(folder.name[len("upsampler_r")]), folder.name
+        if folder.name.endswith("_latent_distilled"):
+            assert (sampler.config.output, sampler.config.causal) == ("code", False), folder.name
+    for r in (2, 4):
+        MODEL_CLASSES[f"drafter_r{r}"].from_pretrained(TESTBED_DIR / "ablation" / f"drafter_r{r}_from_target")
+
+
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
