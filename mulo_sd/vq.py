@@ -369,11 +369,16 @@ class VQModel(nn.Module, Pretrained):
         self.check_ids(ids)
         return self.codebook[ids].permute(0, 3, 1, 2)
 
+    def prepared_codes(self, codes: torch.Tensor) -> torch.Tensor:
+        """codes [B, D, h, w] as the quantiser compares them with the codebook (L2-normalised for a normalised
+        codebook), [B*h*w, D]."""
+        self.check_codes(codes)
+        return self.quantize.prepare(codes.permute(0, 2, 3, 1).reshape(-1, codes.shape[1]))
+
     def nearest_ids(self, codes: torch.Tensor) -> torch.Tensor:
         """codes [B, D, h, w] -> ids [B, h, w] of the nearest entries, by the rule `encode` uses."""
-        self.check_codes(codes)
-        b, d, h, w = codes.shape
-        z_flat = self.quantize.prepare(codes.permute(0, 2, 3, 1).reshape(-1, d))
+        z_flat = self.prepared_codes(codes)
+        b, _, h, w = codes.shape
         return self.quantize.distances(z_flat).argmin(1).view(b, h, w)
 
     @torch.no_grad()

@@ -115,7 +115,8 @@ def check_loss(kind: str, loss: DictConfig) -> None:
     if ce_target != "truth" and not (loss.ce_weight > 0 or weights["latent_weight"] > 0):
         raise ValueError(
             f"loss.ce_target={ce_target} sets the cross-entropy's labels, but loss.ce_weight is "
-            f"{loss.ce_weight}: set ce_weight > 0 or leave ce_target=truth"
+            f"{loss.ce_weight} and loss.latent_weight is {weights['latent_weight']}: set one of them > 0 or "
+            "leave ce_target=truth"
         )
     if weights["latent_weight"] > 0 and ce_target == "truth":
         raise ValueError(
@@ -422,7 +423,9 @@ class SamplerLightning(L.LightningModule):
                 labels = self.vq.nearest_ids(latents)
             logs["acc_ce_target"] = (self.sampler.tokens(out) == labels).float().mean()
             if c.get("latent_weight", 0.0) > 0:
-                terms["latent"] = c.latent_weight * F.mse_loss(out["codes"].float(), self.prepared(latents))
+                b, d, h, w = latents.shape
+                target = self.vq.prepared_codes(latents).view(b, h, w, d).permute(0, 3, 1, 2)
+                terms["latent"] = c.latent_weight * F.mse_loss(out["codes"].float(), target)
         if c.ce_weight > 0:
             terms["ce"] = c.ce_weight * token_cross_entropy(out["logits"], labels, c.label_smoothing)
         if c.get("kl_weight", 0.0) > 0:
@@ -453,13 +456,6 @@ class SamplerLightning(L.LightningModule):
                 )
                 logs.update(adv_logs)
         return terms, logs, fake
-
-    def prepared(self, latents: torch.Tensor) -> torch.Tensor:
-        """Encoder codes [B, D, h, w] as the quantiser compares them with the codebook (L2-normalised for a
-        normalised codebook)."""
-        b, d, h, w = latents.shape
-        flat = self.vq.quantize.prepare(latents.permute(0, 2, 3, 1).reshape(-1, d))
-        return flat.view(b, h, w, d).permute(0, 3, 1, 2)
 
     def target_distribution(self, batch: dict, context: torch.Tensor) -> torch.Tensor:
         """The target's processed distribution at each position of the grid `context` [B,h,w] (the ground
