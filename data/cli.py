@@ -43,7 +43,7 @@ from mulo_sd.data.pretokenize import add_pretokenize_arguments, run_pretokenize
 from mulo_sd.data.shards import SIZES_NAME, check_shard, expand_spec, shard_spec, update_sizes, write_shards
 from tqdm import tqdm
 
-from mulo_sd.synthscenes import MIN_SIZE, render_scene
+from mulo_sd.testbed.synthscenes import MIN_SIZE, render_scene
 
 SYNTHSCENES_PREFIX = "synthscenes"
 SYNTHSCENES_MANIFEST = "synthscenes.json"  # written by ensure_synthscenes

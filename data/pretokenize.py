@@ -12,7 +12,8 @@ warned about by key and counted in the summary.
 
 With `--text-encoder DIR` (a FLAN-T5 folder, LlamaGen t2i) each sample also stores its caption's T5 features,
 `t5.npy`: the valid token rows only, float32 [n, D] (LlamaGen's extract_t5_feature.py keeps the same rows),
-so training does not run T5 every step; `mulo_sd.text.left_pad` turns a batch of them into the features and
+so training does not run T5 every step; `mulo_sd.llamagen.t5.left_pad` turns a batch of them into the
+features and
 mask the GPT takes, exactly as `T5TextEncoder` returns them.
 """
 
@@ -33,9 +34,10 @@ from mulo_sd.data.generated import ensure_generated
 from mulo_sd.data.shards import SIZES_NAME, update_sizes, write_tar
 from tqdm import tqdm
 
-from mulo_sd.io import CONFIG_NAME, WEIGHTS_NAME
-from mulo_sd.text import FEATURES_MEMBER, T5_MAX_LENGTH, T5TextEncoder, resolve_dtype, t5_fingerprint
-from mulo_sd.vq import VQModel
+from mulo_sd.llamagen.t5 import FEATURES_MEMBER, T5_MAX_LENGTH, T5TextEncoder, t5_fingerprint
+from mulo_sd.nets.dtypes import resolve_dtype
+from mulo_sd.nets.io import CONFIG_NAME, WEIGHTS_NAME
+from mulo_sd.nets.vq import VQModel
 
 MANIFEST_NAME = "pretokenize.json"
 KEPT_MEMBERS = ("txt", "json")
@@ -199,7 +201,7 @@ def pretokenize(
     """Tokenize every shard of `shards_spec` into `out`; returns (output spec, samples written, skipped).
 
     `allow_pipe` accepts `pipe:` input URLs, which run shell commands. `text_encoder`: a FLAN-T5 folder;
-    each sample then also stores its caption's T5 features (mulo_sd/text.py)."""
+    each sample then also stores its caption's T5 features (mulo_sd/llamagen/t5.py)."""
     from mulo_sd.training.datamodule import expand_shards  # the spec syntax training reads ('::' joins specs)
 
     if batch_size < 1:

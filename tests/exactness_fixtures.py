@@ -1,4 +1,4 @@
-"""Tiny models and the chi-square goodness-of-fit check of tests/test_exactness.py.
+"""Tiny models and the chi-square goodness-of-fit check of tests/decoding/test_exactness.py.
 
 The target is a random 1-block GPT over a 2 x 2 grid of vocabulary 3 (81 grids), its output head scaled so
 that, under guidance, the joint distribution is far from uniform yet spread (perplexity about 22 of 81, the
@@ -14,10 +14,10 @@ import numpy as np
 import torch
 from scipy import stats as scipy_stats
 
-from mulo_sd.downsampler import Downsampler, DownsamplerConfig
-from mulo_sd.gpt import GPT
-from mulo_sd.neighbours import codebook_neighbours
-from mulo_sd.upsampler import Upsampler, UpsamplerConfig
+from mulo_sd.decoding.neighbours import codebook_neighbours
+from mulo_sd.nets.downsampler import Downsampler, DownsamplerConfig
+from mulo_sd.nets.gpt import GPT
+from mulo_sd.nets.upsampler import Upsampler, UpsamplerConfig
 from tests import helpers
 
 VOCAB = 3

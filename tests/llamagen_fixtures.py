@@ -13,10 +13,10 @@ import torch
 import yaml
 from mulo_sd.training.config import CONFIG_DIR
 
-from mulo_sd.convert import main as convert
-from mulo_sd.downsampler import Downsampler, DownsamplerConfig
-from mulo_sd.upsampler import Upsampler, UpsamplerConfig
-from mulo_sd.vq import VQModel
+from mulo_sd.llamagen.convert import main as convert
+from mulo_sd.nets.downsampler import Downsampler, DownsamplerConfig
+from mulo_sd.nets.upsampler import Upsampler, UpsamplerConfig
+from mulo_sd.nets.vq import VQModel
 from tests.official_fixtures import GPT_HEADS, write_llamagen_gpt, write_llamagen_vq, write_tiny_t5
 
 SET_NAME = "llamagen_t2i_xl_512"

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from mulo_sd.synthscenes import render_scene
+from mulo_sd.testbed.synthscenes import render_scene
 
 COLOURS = {
     "red": (230, 30, 30), "green": (30, 200, 40), "blue": (30, 40, 230), "yellow": (240, 230, 40),

@@ -4,7 +4,7 @@ Every conditional p(x_i | x_<i, cond) comes from a full teacher-forced forward o
 no slot cache), guided (`guide`: the conditional rows against the rows whose caption is dropped) and
 processed by `process_logits`, exactly as the decoding methods process the slot cache's logits
 (docs/algorithm.md section 3). On a tiny grid the joint P(grid) = prod_i p(x_i | x_<i, cond) is enumerated
-over all V ** (H * W) grids, the oracle of tests/test_exactness.py.
+over all V ** (H * W) grids, the oracle of tests/decoding/test_exactness.py.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import itertools
 
 import torch
 
-from mulo_sd.sampling import SamplerConfig, guide, process_logits, sample
+from mulo_sd.decoding.sampling import SamplerConfig, process_logits, sample
+from mulo_sd.nets.guidance import guide
 
 
 @torch.inference_mode()

@@ -21,10 +21,10 @@ import torch
 import yaml
 from mulo_sd.training.config import CONFIG_DIR
 
-from mulo_sd.convert import main as convert
-from mulo_sd.downsampler import Downsampler, DownsamplerConfig
-from mulo_sd.upsampler import Upsampler, UpsamplerConfig
-from mulo_sd.vq import VQModel
+from mulo_sd.llamagen.convert import main as convert
+from mulo_sd.nets.downsampler import Downsampler, DownsamplerConfig
+from mulo_sd.nets.upsampler import Upsampler, UpsamplerConfig
+from mulo_sd.nets.vq import VQModel
 from tests.official_fixtures import CAPTION_DIM, GPT_HEADS, write_llamagen_vq, write_tar_ar_dtok
 
 TATOK_CODES = 16  # codebook size = number of <I{n}> tokens
@@ -149,7 +149,7 @@ def write_tiny_tar_mllm(
     return folder
 
 
-# ---- the AR-DTok model sets (tests/test_tar_set.py) -----------------------------------------------------
+# ---- the AR-DTok model sets (tests/tar/test_tar_set.py) ------------------------------------------------
 # conf/models/tar_512.yaml and tar_1024.yaml made tiny, the way a user makes the real ones: official-layout
 # AR-DTok and VQ files converted with `mulo-convert`, random samplers for the VQ, and the MLLM and TA-Tok
 # above. Grids: 1024 px -> 8x8, 512 px -> 4x4, 256 px -> 2x2 tokens (the tiny ds16 VQ at 128, 64, 32 px);

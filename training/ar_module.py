@@ -2,7 +2,8 @@
 
 The testbed's target and drafters are all trained by this module; they differ only in the GPT config and
 the token grid they read (`token_key`: tok16 for the target, tok8 / tok4 for the r=2 / r=4 drafters).
-Captions become word ids (`mulo_sd.captions`); the GPT drops them with probability `class_dropout_prob` in
+Captions become word ids (`mulo_sd.testbed.captions`); the GPT drops them with probability
+`class_dropout_prob` in
 training, which gives it the unconditional prefix that classifier-free guidance needs.
 """
 
@@ -24,11 +25,11 @@ from mulo_sd.training.losses import token_accuracy, token_cross_entropy
 from mulo_sd.training.optim import adamw_cosine, clip_by_norm
 from omegaconf import DictConfig, OmegaConf
 
-from mulo_sd.captions import MAX_CAPTION_WORDS, VOCAB, encode_caption
-from mulo_sd.gpt import GPT, GPTConfig
-from mulo_sd.methods import decode_ar
-from mulo_sd.sampling import SamplerConfig
-from mulo_sd.vq import VQModel
+from mulo_sd.decoding.methods import decode_ar
+from mulo_sd.decoding.sampling import SamplerConfig
+from mulo_sd.nets.gpt import GPT, GPTConfig
+from mulo_sd.nets.vq import VQModel
+from mulo_sd.testbed.captions import MAX_CAPTION_WORDS, VOCAB, encode_caption
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ def check_word_condition(config: GPTConfig) -> None:
     wrong = {name: getattr(config, name) for name, value in wanted.items() if getattr(config, name) != value}
     if wrong:
         raise ValueError(
-            f"the GPT takes caption word ids from mulo_sd.captions, so it needs {wanted} "
+            f"the GPT takes caption word ids from mulo_sd.testbed.captions, so it needs {wanted} "
             f"(cond_len = MAX_CAPTION_WORDS, cond_vocab_size = len(VOCAB)); got {wrong}"
         )
 

@@ -2,7 +2,8 @@
 metric): caption word ids for the testbed's word-conditioned targets, T5 features and their mask for
 LlamaGen's t2i targets. T5 features come from the batch when the shards store them
 (`data.caption_features: t5`, written by `mulo-data pretokenize --text-encoder`), else from a FLAN-T5 folder
-run on the captions; both give the same features (mulo_sd/text.py: `left_pad` of the stored rows equals the
+run on the captions; both give the same features (mulo_sd/llamagen/t5.py: `left_pad` of the stored rows
+equals the
 encoder's output). Tar's AR-DTok targets take each image's TA-Tok features, which only the shards can hold
 (`data.caption_features: tatok`, `tatok.npy` [cond_len, caption_dim]: docs/tar.md).
 """
@@ -14,9 +15,10 @@ from pathlib import Path
 import torch
 from mulo_sd.training.ar_module import check_word_condition
 
-from mulo_sd.captions import MAX_CAPTION_WORDS, encode_caption
-from mulo_sd.gpt import GPTConfig
-from mulo_sd.text import FEATURES_MEMBER, T5TextEncoder, left_pad, resolve_dtype, t5_feature_width
+from mulo_sd.llamagen.t5 import FEATURES_MEMBER, T5TextEncoder, left_pad, t5_feature_width
+from mulo_sd.nets.dtypes import resolve_dtype
+from mulo_sd.nets.gpt import GPTConfig
+from mulo_sd.testbed.captions import MAX_CAPTION_WORDS, encode_caption
 
 FEATURES_KEY = FEATURES_MEMBER.removesuffix(".npy")  # the batch key of stored T5 rows
 TATOK_KEY = "tatok"  # the batch key of stored TA-Tok features (member tatok.npy)

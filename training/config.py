@@ -22,7 +22,7 @@ from pathlib import Path
 import mulo_sd.conf
 from omegaconf import OmegaConf
 
-from mulo_sd.testbed import TESTBED_DIR
+from mulo_sd.pipeline.testbed_models import TESTBED_DIR
 
 CONFIG_DIR = Path(mulo_sd.conf.__file__).resolve().parent
 

@@ -339,7 +339,7 @@ class ShardDataModule(L.LightningDataModule):
 
     `caption_features`: a member name, e.g. "t5": each sample's caption features "t5.npy" (float [n, D], the
     valid T5 rows `mulo-data pretokenize --text-encoder` stores) as batch["t5"], a list of [n_i, D] tensors
-    (mulo_sd.text.left_pad makes the GPT's features and mask of them).
+    (mulo_sd.llamagen.t5.left_pad makes the GPT's features and mask of them).
 
     `max_consecutive_failures`: a training worker raises after this many skipped samples or sample-less
     shards in a row (see the module docstring). `allow_pipe`: accept `pipe:` shard URLs, which run shell

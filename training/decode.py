@@ -1,4 +1,5 @@
-"""`mulo-decode`: decode one caption with one method on a model set (conf/models/, mulo_sd/model_set.py),
+"""`mulo-decode`: decode one caption with one method on a model set (conf/models/,
+mulo_sd/pipeline/model_set.py),
 print the statistics and write the image. A thin Hydra `main()` around a plain `run(cfg)` that tests call
 directly.
 
@@ -11,7 +12,8 @@ directly.
 The prompt, the method's models (the set names a folder for each) and the output path are checked before any
 model is loaded; the models' configs are checked against each other before any weights are read. A Tar set
 (targets conditioned on TA-Tok features) decodes in two stages, MLLM then AR-DTok, and reports each stage's
-statistics under its prefix (mulo_sd/tar_decode.py). `compare_ar=true` also decodes with plain AR under the
+statistics under its prefix (mulo_sd/pipeline/tar_decode.py). `compare_ar=true` also decodes with plain AR
+under the
 same condition and reports the method's speedup (on a Tar set: of the AR-DTok stage and end to end).
 """
 
@@ -25,11 +27,11 @@ import torch
 from mulo_sd.training.config import CONFIG_DIR
 from omegaconf import DictConfig, OmegaConf
 
-from mulo_sd.captions import encode_caption
-from mulo_sd.decode import LANTERN_DRAFTER, decode, required_models, tensor_to_pil
-from mulo_sd.model_set import MLLM, TATOK, ModelSet, load_model_set
-from mulo_sd.sampling import SamplerConfig
-from mulo_sd.tar_decode import decode_tar
+from mulo_sd.decoding.sampling import SamplerConfig
+from mulo_sd.pipeline.decode_entry import LANTERN_DRAFTER, decode, required_models, tensor_to_pil
+from mulo_sd.pipeline.model_set import MLLM, TATOK, ModelSet, load_model_set
+from mulo_sd.pipeline.tar_decode import decode_tar
+from mulo_sd.testbed.captions import encode_caption
 
 log = logging.getLogger(__name__)
 

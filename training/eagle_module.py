@@ -1,4 +1,4 @@
-"""LightningModule that trains an EAGLE draft head (mulo_sd/eagle_head.py) for a frozen target GPT.
+"""LightningModule that trains an EAGLE draft head (mulo_sd/nets/eagle_head.py) for a frozen target GPT.
 
 Data: pre-tokenised grids with captions (the target's own training shards). The frozen target computes its
 final hidden features f_0..f_{N-1} on the fly (teacher-forced, `GPT.features`); the head reads
@@ -23,8 +23,8 @@ from mulo_sd.training.frozen import frozen
 from mulo_sd.training.optim import adamw_cosine, clip_by_norm
 from omegaconf import DictConfig, OmegaConf
 
-from mulo_sd.eagle_head import EagleHead, EagleHeadConfig
-from mulo_sd.gpt import GPT
+from mulo_sd.nets.eagle_head import EagleHead, EagleHeadConfig
+from mulo_sd.nets.gpt import GPT
 
 
 class EagleLightning(L.LightningModule):

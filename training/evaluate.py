@@ -1,4 +1,5 @@
-"""`mulo-eval`: run a speed/quality sweep (mulo_sd.evaluate) on a model set (conf/models/). A thin Hydra
+"""`mulo-eval`: run a speed/quality sweep (mulo_sd.evaluation.harness) on a model set (conf/models/). A thin
+Hydra
 `main()` around a plain `run(cfg)` that tests call directly.
 
     mulo-eval eval=speed_zipar            # AR vs ZipAR W=2,4,8: steps, median wall time, per-prompt ratios
@@ -22,9 +23,8 @@ from mulo_sd.training.evaluate_prompts import run_prompt_file
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
-from mulo_sd.decode import required_models
-from mulo_sd.eval_tables import INTERVAL_NOTE, with_intervals
-from mulo_sd.evaluate import (
+from mulo_sd.decoding.sampling import SamplerConfig
+from mulo_sd.evaluation.harness import (
     MATCHED_COLUMNS,
     Evaluation,
     evaluate,
@@ -32,11 +32,12 @@ from mulo_sd.evaluate import (
     markdown_table,
     matched_quality_table,
 )
-from mulo_sd.model_set import ModelSet, load_model_set, train_command
-from mulo_sd.paired import Bootstrap
-from mulo_sd.prompts import evaluation_prompts
-from mulo_sd.sampling import SamplerConfig
-from mulo_sd.testbed import image_size
+from mulo_sd.evaluation.paired import Bootstrap
+from mulo_sd.evaluation.tables import INTERVAL_NOTE, with_intervals
+from mulo_sd.pipeline.decode_entry import required_models
+from mulo_sd.pipeline.model_set import ModelSet, load_model_set, train_command
+from mulo_sd.pipeline.testbed_models import image_size
+from mulo_sd.testbed.prompts import evaluation_prompts
 
 log = logging.getLogger(__name__)
 
@@ -168,7 +169,8 @@ def fd_ar_seeds_of(cfg: DictConfig, has_sceneeval: bool) -> list[int]:
 
 
 def write_matched(evaluation: Evaluation, matched: dict, out_dir: Path) -> list[dict]:
-    """The matched-quality table (mulo_sd.evaluate.matched_quality_table) into matched.md, also printed."""
+    """The matched-quality table (mulo_sd.evaluation.harness.matched_quality_table) into matched.md, also
+    printed."""
     rule, reference = matched.get("rule", "interval"), matched.get("reference", "ar")
     table = matched_quality_table(
         evaluation.summary, reference, rule=rule, tolerance=matched.get("tolerance")

@@ -10,17 +10,17 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from mulo_sd.decode import required_models
-from mulo_sd.evaluate import Evaluation, markdown_table
-from mulo_sd.generate import gather_records, generate
-from mulo_sd.metrics.clip_score import load_clip
-from mulo_sd.metrics.fid import load_feature_extractor, reference_statistics
-from mulo_sd.metrics.images import load_image
-from mulo_sd.model_set import ModelSet, load_model_set
-from mulo_sd.prompt_sets import load_prompt_set
-from mulo_sd.ranks import barrier, broadcast, close_ranks, init_ranks
-from mulo_sd.real_evaluate import QualitySetup, matched_split_table, score_prompt_set
-from mulo_sd.sampling import SamplerConfig
+from mulo_sd.decoding.sampling import SamplerConfig
+from mulo_sd.evaluation.generation import gather_records, generate
+from mulo_sd.evaluation.harness import Evaluation, markdown_table
+from mulo_sd.evaluation.metrics.clip_score import load_clip
+from mulo_sd.evaluation.metrics.fid import load_feature_extractor, reference_statistics
+from mulo_sd.evaluation.metrics.images import load_image
+from mulo_sd.evaluation.prompt_sets import load_prompt_set
+from mulo_sd.evaluation.ranks import barrier, broadcast, close_ranks, init_ranks
+from mulo_sd.evaluation.real_evaluate import QualitySetup, matched_split_table, score_prompt_set
+from mulo_sd.pipeline.decode_entry import required_models
+from mulo_sd.pipeline.model_set import ModelSet, load_model_set
 
 log = logging.getLogger(__name__)
 

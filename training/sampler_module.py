@@ -70,21 +70,22 @@ from mulo_sd.training.optim import adamw, warmup_cosine_schedule
 from mulo_sd.training.vq_module import psnr
 from omegaconf import DictConfig, OmegaConf
 
-from mulo_sd.accept import pooled_probability
-from mulo_sd.downsampler import Downsampler, DownsamplerConfig
-from mulo_sd.gpt import GPT
-from mulo_sd.io import CONFIG_NAME
-from mulo_sd.neighbours import codebook_neighbours
-from mulo_sd.pixel_samplers import MODES, PixelDownsampler, PixelUpsampler
-from mulo_sd.sampling import SamplerConfig, guide, process_logits
-from mulo_sd.upsampler import (
+from mulo_sd.decoding.accept import pooled_probability
+from mulo_sd.decoding.neighbours import codebook_neighbours
+from mulo_sd.decoding.sampling import SamplerConfig, process_logits
+from mulo_sd.nets.downsampler import Downsampler, DownsamplerConfig
+from mulo_sd.nets.gpt import GPT
+from mulo_sd.nets.guidance import guide
+from mulo_sd.nets.io import CONFIG_NAME
+from mulo_sd.nets.pixel_samplers import MODES, PixelDownsampler, PixelUpsampler
+from mulo_sd.nets.upsampler import (
     Upsampler,
     UpsamplerConfig,
     check_codebook_match,
     soft_codes,
     straight_through_codes,
 )
-from mulo_sd.vq import VQModel
+from mulo_sd.nets.vq import VQModel
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,8 @@ from mulo_sd.training.frozen import frozen
 from mulo_sd.training.optim import adamw, warmup_cosine_schedule
 from omegaconf import DictConfig, OmegaConf
 
-from mulo_sd.sceneeval import (
+from mulo_sd.nets.vq import VQModel
+from mulo_sd.testbed.sceneeval import (
     CHECK_KINDS,
     SceneEval,
     SceneEvalConfig,
@@ -29,7 +30,6 @@ from mulo_sd.sceneeval import (
     check_results,
     density_targets,
 )
-from mulo_sd.vq import VQModel
 
 
 class SceneEvalLightning(L.LightningModule):

@@ -19,7 +19,7 @@ from mulo_sd.training.losses import LPIPS, AdversarialLoss, PatchDiscriminator, 
 from mulo_sd.training.optim import adamw, warmup_cosine_schedule
 from omegaconf import DictConfig, OmegaConf
 
-from mulo_sd.vq import VQConfig, VQModel
+from mulo_sd.nets.vq import VQConfig, VQModel
 
 
 def psnr(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

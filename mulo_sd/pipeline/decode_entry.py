@@ -1,0 +1,239 @@
+"""One entry point over the decoding methods on a model set (mulo_sd/pipeline/model_set.py): caption text in,
+DecodeResult out. The set's condition (testbed word ids, or LlamaGen's T5 features and mask) is built by
+`Models.condition` and handed to the method with its mask; guidance's unconditional branch is the target's
+own (GPT.start: the uncond_embedding under the caption's mask, as LlamaGen's generate).
+
+    result = decode("mulo", models, ["a red star on a noisy background"], {}, SamplerConfig(cfg_scale=2.0),
+                    seed=0)  # the recommended knobs; {"r": 4, "tau": 0.05} changes those two
+
+Knobs are the method function's own keyword arguments (`method_knobs(method)` lists them with their
+defaults: `RECOMMENDED` over the function's own), plus, for `mulo`, the ones that pick its models:
+- r: 2 or 4, the scale between target and drafter (drafter_r2 / drafter_r4);
+- upsampler: 'latent' (the learned upsampler_r{r}) or 'pixel' (VQ-decode, resize, VQ-encode);
+- downsampler: 'latent' or 'pixel'; None: the same kind as the up-sampler;
+- pixel_mode: the interpolation of the pixel up-sampler (pixel_samplers.MODES).
+A knob that the chosen mode ignores (`IGNORED`, e.g. `l` with rejection='raster') is an error when it is
+given, so no setting is dropped silently. `lantern` drafts with drafter_small (a smaller same-resolution
+model; a set without one is an error naming the role); `eagle2` drafts with the set's eagle_head. Every
+call draws its randomness from its own torch.Generator seeded with `seed`, so a (method, knobs, prompts,
+seed) decode repeats exactly.
+"""
+
+from __future__ import annotations
+
+import inspect
+import typing
+import weakref
+
+import torch
+from PIL import Image
+
+from mulo_sd.decoding.methods import (
+    DecodeResult,
+    decode_ar,
+    decode_eagle2,
+    decode_lantern,
+    decode_mulo,
+    decode_zipar,
+)
+from mulo_sd.decoding.methods.mulo import REJECTIONS
+from mulo_sd.decoding.neighbours import codebook_neighbours
+from mulo_sd.decoding.sampling import SamplerConfig
+from mulo_sd.nets.pixel_samplers import PixelDownsampler, PixelUpsampler
+from mulo_sd.pipeline.model_set import Models
+from mulo_sd.testbed.captions import encode_caption
+
+FUNCTIONS = {
+    "ar": decode_ar,
+    "zipar": decode_zipar,
+    "lantern": decode_lantern,
+    "eagle2": decode_eagle2,
+    "mulo": decode_mulo,
+}
+METHODS = tuple(FUNCTIONS)
+REQUIRED = inspect.Parameter.empty
+SCALES = (2, 4)
+SAMPLER_KINDS = ("latent", "pixel")
+LANTERN_DRAFTER = "LANTERN drafts with a smaller model at the target's resolution"
+EAGLE_HEAD = "EAGLE-2 drafts with a feature-level head trained for the target"
+# arguments of the method functions that decode() fills in itself
+_NOT_KNOBS = {
+    "model", "target", "drafter", "upsampler", "downsampler", "cond", "sampler", "generator", "neighbours",
+    "cond_mask", "tokenizer", "head",
+}  # fmt: skip
+_MULO_MODEL_KNOBS = {"r": REQUIRED, "upsampler": "latent", "downsampler": None, "pixel_mode": "bicubic"}
+# The defaults of `decode` and `mulo-decode`: the settings the README recommends for the testbed ("Results on
+# the testbed", conf/eval/paper_table_quick.yaml), over the method functions' own defaults. mulo: MuLo-SD 2x
+# with the typical accept rule at tau=0.02, l=0, ZipAR window 1 for drafting and islands (6.7x faster than AR
+# on the test prompts at FD 13.1, against the absolute rule's 5.1x at FD 15.0 with tau=0.01); lantern:
+# delta=0.4, 4 drafts, k=64 pooled codes (LANTERN's 1000 of LlamaGen's 16384, as a share of the testbed's
+# 1024); zipar: window 4, its matched-quality setting.
+RECOMMENDED = {
+    "zipar": {"window": 4},
+    "lantern": {"k": 64, "delta": 0.4, "draft_len": 4},
+    "mulo": {
+        "r": 2,
+        "tau": 0.02,
+        "accept_rule": "typical",
+        "k": 4,
+        "l": 0,
+        "draft_window": 1,
+        "island_zipar_window": 1,
+    },
+}
+# method -> knob -> (the knob that selects the mode, its values under which the knob is ignored, what the
+# knob is): giving such a knob in such a mode is an error (methods/mulo.py).
+_NO_ISLANDS = "which rejection='raster' does not form"
+IGNORED = {
+    "mulo": {
+        "l": ("rejection", ("naive", "raster"), "the local expansion radius of rejection='local'"),
+        "island_zipar_window": ("rejection", ("raster",), f"the ZipAR window inside islands, {_NO_ISLANDS}"),
+        "refresh_after_resample": (
+            "rejection",
+            ("raster",),
+            f"a refresh after island resampling, {_NO_ISLANDS}",
+        ),
+        "parallel": ("rejection", ("raster",), f"how islands are batched, {_NO_ISLANDS}"),
+        "pixel_mode": ("upsampler", ("latent",), "the interpolation of upsampler='pixel'"),
+    }
+}
+
+
+def check_method(method: str) -> None:
+    if method not in FUNCTIONS:
+        raise ValueError(f"unknown decoding method '{method}'; choose one of {list(METHODS)}")
+
+
+def method_knobs(method: str) -> dict[str, object]:
+    """Knob name -> default (REQUIRED: the caller must give it) of `method`."""
+    check_method(method)
+    parameters = inspect.signature(FUNCTIONS[method]).parameters
+    knobs = {name: p.default for name, p in parameters.items() if name not in _NOT_KNOBS}
+    if method == "mulo":
+        knobs = {**_MULO_MODEL_KNOBS, **knobs}
+    return {**knobs, **RECOMMENDED.get(method, {})}
+
+
+def resolve_knobs(method: str, knobs: dict) -> dict[str, object]:
+    """Every knob of `method` with its value: `knobs` (the ones the caller gives) over the defaults. Raises
+    on unknown or missing knobs, on given knobs that the chosen mode ignores (`IGNORED`) and on bad model
+    or mode choices (the method function checks the ranges of the rest)."""
+    accepted = method_knobs(method)
+    unknown = sorted(set(knobs) - set(accepted))
+    if unknown:
+        raise ValueError(f"unknown knob(s) {unknown} for method '{method}'; it takes {sorted(accepted)}")
+    hints = typing.get_type_hints(FUNCTIONS[method])
+    nullable = {name for name in accepted if _admits_none(hints.get(name))}
+    if method == "mulo":
+        nullable.add("downsampler")
+    null = sorted(name for name, value in knobs.items() if value is None and name not in nullable)
+    if null:
+        can = f" (only {sorted(nullable)} can)" if nullable else ""
+        raise ValueError(f"knob(s) {null} of method '{method}' cannot be null{can}")
+    resolved = {**accepted, **knobs}
+    missing = sorted(name for name, value in resolved.items() if value is REQUIRED)
+    if missing:
+        raise ValueError(f"method '{method}' needs knob(s) {missing} (e.g. knobs.{missing[0]}=...)")
+    if method == "mulo":
+        if resolved["r"] not in SCALES:
+            r = resolved["r"]
+            raise ValueError(f"knob r must be one of {SCALES} (the drafter scales of a model set), got {r!r}")
+        if resolved["downsampler"] is None:
+            resolved["downsampler"] = resolved["upsampler"]
+        for name in ("upsampler", "downsampler"):
+            if resolved[name] not in SAMPLER_KINDS:
+                raise ValueError(f"knob {name} must be one of {SAMPLER_KINDS}, got '{resolved[name]}'")
+        if resolved["rejection"] not in REJECTIONS:
+            raise ValueError(f"knob rejection must be one of {REJECTIONS}, got '{resolved['rejection']}'")
+    for name, (mode, ignoring, purpose) in IGNORED.get(method, {}).items():
+        if name in knobs and resolved[mode] in ignoring:
+            raise ValueError(
+                f"knob {name} does not apply with {mode}='{resolved[mode]}': it is {purpose}; leave it unset "
+                f"or choose another {mode}"
+            )
+    return resolved
+
+
+def _admits_none(hint) -> bool:
+    return type(None) in typing.get_args(hint)
+
+
+def required_models(method: str, knobs: dict) -> list[str]:
+    """Model roles (model_set.MODEL_CLASSES) that `decode(method, ..., knobs)` uses; a target conditioned on
+    T5 features brings the set's text encoder with it (model_set.load_model_set)."""
+    knobs = resolve_knobs(method, knobs)
+    names = ["vq", "target"]
+    if method == "lantern":
+        names.append("drafter_small")
+    if method == "eagle2":
+        names.append("eagle_head")
+    if method == "mulo":
+        r = knobs["r"]
+        names.append(f"drafter_r{r}")
+        names += [f"{kind}_r{r}" for kind in ("upsampler", "downsampler") if knobs[kind] == "latent"]
+    return names
+
+
+_neighbour_tables: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def neighbour_table(tokenizer, k: int) -> torch.Tensor:
+    """The [V, >= k] codebook neighbour table of `tokenizer`, built once per tokenizer (rebuilt only when a
+    larger k is asked for)."""
+    table = _neighbour_tables.get(tokenizer)
+    if table is None or table.shape[1] < k:
+        table = codebook_neighbours(tokenizer.codebook.detach(), k)
+        _neighbour_tables[tokenizer] = table
+    return table
+
+
+def caption_condition(target, prompts: list[str]) -> torch.Tensor:
+    """Caption word ids [B, cond_len] of `prompts` on a word-conditioned target's device (the testbed's);
+    `Models.condition` gives any set's condition, T5 features included."""
+    if not prompts or not all(isinstance(p, str) for p in prompts):
+        raise ValueError(f"prompts must be a non-empty list of caption strings, got {prompts!r}")
+    if target.config.cond_type != "words":
+        kind = target.config.cond_type
+        raise ValueError(f"caption word ids need a target with cond_type 'words', not '{kind}'")
+    return torch.stack([encode_caption(p, target.config.cond_len) for p in prompts]).to(target.device)
+
+
+def decode(
+    method: str,
+    models: Models,
+    prompts: list[str],
+    knobs: dict,
+    sampler: SamplerConfig,
+    seed: int,
+    condition: tuple[torch.Tensor, torch.Tensor | None] | None = None,
+) -> DecodeResult:
+    """Decode one image per prompt with `method` (module docstring); the batch is decoded together.
+    `condition`: (cond, cond_mask) to decode under instead of `Models.condition(prompts)` (Tar's TA-Tok
+    features, which its first stage writes: mulo_sd/pipeline/tar_decode.py)."""
+    knobs = resolve_knobs(method, knobs)
+    target, tokenizer = models.require("target"), models.require("vq")
+    cond, cond_mask = models.condition(prompts) if condition is None else condition
+    generator = torch.Generator(device=target.device).manual_seed(seed)
+    common = dict(cond=cond, cond_mask=cond_mask, sampler=sampler, generator=generator, tokenizer=tokenizer)
+    if method == "ar":
+        return decode_ar(target, **common)
+    if method == "zipar":
+        return decode_zipar(target, window=knobs["window"], **common)
+    if method == "lantern":
+        drafter = models.require("drafter_small", LANTERN_DRAFTER)
+        neighbours = neighbour_table(tokenizer, knobs["k"])
+        return decode_lantern(target, drafter, neighbours=neighbours, **knobs, **common)
+    if method == "eagle2":
+        return decode_eagle2(target, models.require("eagle_head", EAGLE_HEAD), **knobs, **common)
+    r, up, down, mode = (knobs.pop(name) for name in ("r", "upsampler", "downsampler", "pixel_mode"))
+    drafter = models.require(f"drafter_r{r}", f"MuLo-SD's drafter at the target's resolution / {r}")
+    upsampler = models.require(f"upsampler_r{r}") if up == "latent" else PixelUpsampler(tokenizer, r, mode)
+    downsampler = models.require(f"downsampler_r{r}") if down == "latent" else PixelDownsampler(tokenizer, r)
+    neighbours = neighbour_table(tokenizer, knobs["k"])
+    return decode_mulo(target, drafter, upsampler, downsampler, neighbours=neighbours, **knobs, **common)
+
+
+def tensor_to_pil(image: torch.Tensor) -> Image.Image:
+    """Image [3, H, W] in [-1, 1] -> RGB PIL image."""
+    array = ((image.detach().float().cpu().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+    return Image.fromarray(array.permute(1, 2, 0).numpy())

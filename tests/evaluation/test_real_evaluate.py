@@ -1,0 +1,189 @@
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+from mulo_sd.training.evaluate import run
+from omegaconf import OmegaConf
+from PIL import Image
+
+from mulo_sd.decoding.sampling import SamplerConfig
+from mulo_sd.evaluation.generation import gather_records, generate, read_records
+from mulo_sd.evaluation.harness import RunSpec, expand_runs, reference_run
+from mulo_sd.evaluation.prompt_sets import load_prompt_set
+from mulo_sd.evaluation.real_evaluate import matched_split_table, prompt_splits
+from mulo_sd.pipeline.testbed_models import load_models
+from tests.helpers import read_csv
+from tests.real_eval_helpers import (
+    save_tiny_clip,
+    save_tiny_extractor,
+    synthscenes_captions,
+    write_prompt_files,
+)
+from tests.training.test_decode_cli import compose, save_tiny_testbed
+
+RUNS = "runs=[{family:AR,method:ar},{family:ZipAR,method:zipar,sweep:{window:[2,4]}}]"
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """A tiny testbed, prompt files of every format, a .pt2 FID extractor and a CLIP folder."""
+    root = tmp_path_factory.mktemp("real")
+    return {
+        "testbed": save_tiny_testbed(root / "testbed"),
+        "prompts": write_prompt_files(root / "prompts", synthscenes_captions(8)),
+        "extractor": save_tiny_extractor(root / "extractor.pt2"),
+        "clip": save_tiny_clip(root / "clip"),
+    }
+
+
+def coco_overrides(files, out_dir):
+    coco = files["prompts"]["coco"]
+    return [
+        "eval=coco5k", RUNS, "models=folder", f"models.root={files['testbed']}", "warmup=0", "progress=false",
+        f"out_dir={out_dir}",
+        f"prompts.file={coco['path']}", f"prompts.images={coco['images']}", "prompts.count=6",
+        f"fid.extractor={files['extractor']}", f"clip.model={files['clip']}", "speed.prompts=2",
+        "grid_prompts=2", "matched.tolerance=100", "matched.dev_prompts=3",
+    ]  # fmt: skip
+
+
+def test_coco_evaluation_with_fid_clip_speed_and_a_dev_test_split(files, tmp_path):
+    out = tmp_path / "out"
+    result = run(compose("evaluate", tmp_path, coco_overrides(files, out)))
+    names = {p.name for p in out.iterdir()}
+    assert {"images", "images.csv", "runs.csv", "summary.csv", "summary.md", "speed_quality.png",
+            "matched.md", "grid_seed0.png", "fid_reference.npz", "speed"} <= names  # fmt: skip
+    assert len(read_csv(out / "images.csv")) == 3 * 6  # 3 runs x 6 prompts x 1 seed
+    summary = read_csv(out / "summary.csv")
+    assert [(row["split"], row["label"]) for row in summary] == [
+        (split, label) for split in ("dev", "test") for label in ("AR", "ZipAR window=2", "ZipAR window=4")
+    ]
+    for row in summary:
+        assert row["images"] == "3" and float(row["throughput_img_s"]) > 0 and float(row["fid"]) > 0
+        assert 0 <= float(row["clip_score"]) <= 100 and float(row["speedup_median"]) > 0
+    assert {row["speedup_median"] for row in summary if row["label"] == "AR"} == {"1.0"}
+    splits = prompt_splits(load_prompt_set(files["prompts"]["coco"]["path"], "coco", count=6).prompts, 3, 0)
+    dev, test = splits["dev"], splits["test"]
+    speed = read_csv(out / "runs.csv")  # batch 1, the first 2 prompts of each split
+    assert sorted({int(row["prompt_index"]) for row in speed}) == sorted(p.index for p in dev[:2] + test[:2])
+    header = (out / "summary.md").read_text()
+    assert "3 dev prompts pick each method's setting, 3 disjoint test prompts report it" in header
+    matched = (out / "matched.md").read_text()
+    assert "on the dev prompts" in matched and "its numbers are from the disjoint test prompts" in matched
+    dev_zipar = [row for row in summary if row["split"] == "dev" and row["label"].startswith("ZipAR")]
+    fastest = max(dev_zipar, key=lambda row: float(row["speedup_median"]))["label"]
+    assert result.matched[1]["setting"] == fastest.removeprefix("ZipAR ")  # tolerance 100: the fastest on dev
+    test_rows = {row["label"]: row for row in summary if row["split"] == "test"}
+    assert result.matched[1]["fid"] == pytest.approx(float(test_rows[fastest]["fid"]))
+    assert result.matched[1]["speedup"] == pytest.approx(float(test_rows[fastest]["speedup_median"]))
+    grid = Image.open(out / "grid_seed0.png")
+    assert grid.size[1] > grid.size[0]  # real + 3 runs rows, 2 columns
+
+
+@pytest.mark.parametrize("preset", ["coco5k", "geneval"])
+def test_real_prompt_presets_expand_to_valid_runs(files, tmp_path, preset):
+    cfg = compose(
+        "evaluate", tmp_path, [f"eval={preset}", "models=folder", f"models.root={files['testbed']}"]
+    )
+    runs = expand_runs(OmegaConf.to_container(cfg.runs, resolve=True))  # raises on an unknown knob
+    assert reference_run(runs).method == "ar" and cfg.prompts.format == preset.removesuffix("5k")
+    if preset == "coco5k":
+        assert cfg.prompts.count == 5000 and cfg.matched.dev_prompts == 1000
+        assert cfg.fid.reference == cfg.prompts.images
+
+
+def test_missing_metric_files_fail_before_any_decode(files, tmp_path, monkeypatch):
+    import mulo_sd.evaluation.generation as generation
+
+    monkeypatch.setattr(generation, "decode", None)  # any decode would fail with a TypeError instead
+    overrides = [*coco_overrides(files, tmp_path / "out"), f"fid.extractor={tmp_path / 'inception.pth'}"]
+    with pytest.raises(FileNotFoundError, match=r"FID feature extractor not found: .*inception\.pth"):
+        run(compose("evaluate", tmp_path, overrides))
+    overrides = [*coco_overrides(files, tmp_path / "out"), f"clip.model={tmp_path / 'clip'}"]
+    with pytest.raises(FileNotFoundError, match=r"CLIP model folder not found"):
+        run(compose("evaluate", tmp_path, overrides))
+
+
+def test_matched_split_table_picks_on_dev_and_reports_test():
+    def entry(split, family, setting, speedup, score):
+        label = f"{family} {setting}".strip()
+        return {"split": split, "family": family, "label": label, "method": "ar" if family == "AR" else "x",
+                "speedup_median": speedup, "speedup_of_medians": speedup, "step_ratio_median": speedup,
+                "clip_score": score, "fid": 10.0 + speedup}  # fmt: skip
+
+    summary = [
+        entry("dev", "AR", "", 1.0, 30.0),
+        entry("dev", "M", "tau=0.1", 2.0, 29.8),
+        entry("dev", "M", "tau=0.3", 3.0, 28.0),  # fastest, but too far from AR on the dev prompts
+        entry("test", "AR", "", 1.0, 31.0),
+        entry("test", "M", "tau=0.1", 2.2, 30.5),
+        entry("test", "M", "tau=0.3", 3.1, 31.0),  # would match on the test prompts: never looked at
+    ]
+    table = matched_split_table(summary, "clip_score", 0.5)
+    assert [
+        (row["method"], row["setting"], row["clip_score_dev"], row["speedup"], row["clip_score"])
+        for row in table
+    ] == [
+        ("AR", "-", 30.0, 1.0, 31.0),
+        ("M", "tau=0.1", 29.8, 2.2, 30.5),
+    ]
+    assert table[1]["fid"] == 12.2
+    with pytest.raises(ValueError, match=r"matched quality needs 'fid_x' in every summary row"):
+        matched_split_table(summary, "fid_x", 0.5)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _two_rank_generation(rank, port, testbed, prompt_files, out):
+    """One rank of a 2-process group: generate 8 prompts of every format, rank 0 then gathers them."""
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    from mulo_sd.evaluation.ranks import barrier, close_ranks, init_ranks
+
+    torch.set_num_threads(1)
+    rank, world_size, device = init_ranks("cpu")
+    models = load_models(testbed, names=["vq", "target"])
+    runs = [RunSpec("ar", family="AR")]
+    for name, entry in prompt_files.items():
+        prompts = load_prompt_set(entry["path"], name, count=8).prompts
+        generate(models, runs, prompts, [0], SamplerConfig(), out / name, rank, world_size, progress=False)
+        barrier()
+        if rank == 0:
+            rows = gather_records(out / name, runs, prompts, [0])
+            assert [row["prompt_index"] for row in rows] == list(range(8))
+    close_ranks()
+
+
+@pytest.mark.slow
+def test_two_processes_share_8_prompts_of_every_format(files, tmp_path):
+    out = tmp_path / "out"
+    torch.multiprocessing.spawn(
+        _two_rank_generation, args=(_free_port(), files["testbed"], files["prompts"], out), nprocs=2
+    )
+    for name in files["prompts"]:
+        records, bad = read_records(out / name / "AR")
+        assert bad == 0 and sorted(records) == [(i, 0) for i in range(8)]
+        assert {key: r["rank"] for key, r in records.items()} == {(i, 0): i % 2 for i in range(8)}
+
+
+@pytest.mark.slow
+def test_torchrun_two_process_evaluation_matches_one_process(files, tmp_path):
+    overrides = coco_overrides(files, tmp_path / "two")
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+               f"--master_port={_free_port()}", "-m", "mulo_sd.training.evaluate", *overrides,
+               f"paths.log_dir={tmp_path}/logs"]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run(command, check=True, cwd=tmp_path, env=env, capture_output=True, timeout=600)
+    records = read_csv(tmp_path / "two" / "images.csv")
+    assert sorted({row["rank"] for row in records}) == ["0", "1"]
+    run(compose("evaluate", tmp_path, coco_overrides(files, tmp_path / "one")))
+    # batch 1, same seeds: the same images, so the same FID and CLIP score whatever the number of ranks
+    one, two = (read_csv(tmp_path / name / "summary.csv") for name in ("one", "two"))
+    for a, b in zip(one, two, strict=True):
+        assert a["fid"] == b["fid"] and a["clip_score"] == b["clip_score"]
