@@ -13,8 +13,10 @@ from hydra.core.hydra_config import HydraConfig
 from mulo_sd.training.config import CONFIG_DIR
 from omegaconf import DictConfig, open_dict
 
-from mulo_sd.nets.gpt import GPT, GPTConfig
-from mulo_sd.nets.vq import VQConfig, VQModel
+from mulo_sd.nets.gpt import GPT
+from mulo_sd.nets.gpt_config import GPTConfig
+from mulo_sd.nets.vq import VQModel
+from mulo_sd.nets.vq_config import VQConfig
 
 
 def compose_train_config(tmp_path: Path, overrides: list[str]) -> DictConfig:

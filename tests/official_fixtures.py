@@ -170,6 +170,62 @@ def write_tar_ar_dtok(
 # ---- LlamaGen VQ ----------------------------------------------------------------------------------------
 
 
+class _VQShapes(dict):
+    """State-dict shapes of LlamaGen's VQ modules, added in the order its state dict lists them."""
+
+    def conv(self, name, cin, cout, k):
+        self[f"{name}.weight"], self[f"{name}.bias"] = (cout, cin, k, k), (cout,)
+
+    def norm(self, name, c):
+        self[f"{name}.weight"], self[f"{name}.bias"] = (c,), (c,)
+
+    def resnet(self, name, cin, cout):
+        self.norm(f"{name}.norm1", cin), self.conv(f"{name}.conv1", cin, cout, 3)
+        self.norm(f"{name}.norm2", cout), self.conv(f"{name}.conv2", cout, cout, 3)
+        if cin != cout:
+            self.conv(f"{name}.nin_shortcut", cin, cout, 1)
+
+    def attn(self, name, c):
+        self.norm(f"{name}.norm", c)
+        for proj in ("q", "k", "v", "proj_out"):
+            self.conv(f"{name}.{proj}", c, c, 1)
+
+    def mid(self, name, c):
+        self.resnet(f"{name}.0", c, c), self.attn(f"{name}.1", c), self.resnet(f"{name}.2", c, c)
+
+    def encoder(self, ch, z_channels, ch_mult, num_res_blocks):
+        levels = len(ch_mult)
+        self.conv("encoder.conv_in", 3, ch, 3)
+        block_in = ch
+        for level, mult in enumerate(ch_mult):
+            for j in range(num_res_blocks):
+                self.resnet(f"encoder.conv_blocks.{level}.res.{j}", block_in, ch * mult)
+                block_in = ch * mult
+                if level == levels - 1:
+                    self.attn(f"encoder.conv_blocks.{level}.attn.{j}", block_in)
+            if level != levels - 1:
+                self.conv(f"encoder.conv_blocks.{level}.downsample.conv", block_in, block_in, 3)
+        self.mid("encoder.mid", block_in)
+        self.norm("encoder.norm_out", block_in)
+        self.conv("encoder.conv_out", block_in, z_channels, 3)
+
+    def decoder(self, ch, z_channels, ch_mult, num_res_blocks):
+        levels = len(ch_mult)
+        block_in = ch * ch_mult[-1]
+        self.conv("decoder.conv_in", z_channels, block_in, 3)
+        self.mid("decoder.mid", block_in)
+        for i in range(levels):
+            for j in range(num_res_blocks + 1):
+                self.resnet(f"decoder.conv_blocks.{i}.res.{j}", block_in, ch * ch_mult[levels - 1 - i])
+                block_in = ch * ch_mult[levels - 1 - i]
+                if i == 0:
+                    self.attn(f"decoder.conv_blocks.{i}.attn.{j}", block_in)
+            if i != levels - 1:
+                self.conv(f"decoder.conv_blocks.{i}.upsample.conv", block_in, block_in, 3)
+        self.norm("decoder.norm_out", block_in)
+        self.conv("decoder.conv_out", block_in, 3, 3)
+
+
 def llamagen_vq_shapes(
     ch: int = VQ_CH,
     z_channels: int = VQ_Z,
@@ -179,60 +235,14 @@ def llamagen_vq_shapes(
     codebook_embed_dim: int = CODE_DIM,
 ) -> dict[str, tuple[int, ...]]:
     """LlamaGen VQModel's state-dict shapes (Encoder, Decoder, VectorQuantizer with codebook_show_usage)."""
-    shapes: dict[str, tuple[int, ...]] = {}
-
-    def conv(name, cin, cout, k):
-        shapes[f"{name}.weight"], shapes[f"{name}.bias"] = (cout, cin, k, k), (cout,)
-
-    def norm(name, c):
-        shapes[f"{name}.weight"], shapes[f"{name}.bias"] = (c,), (c,)
-
-    def resnet(name, cin, cout):
-        norm(f"{name}.norm1", cin), conv(f"{name}.conv1", cin, cout, 3)
-        norm(f"{name}.norm2", cout), conv(f"{name}.conv2", cout, cout, 3)
-        if cin != cout:
-            conv(f"{name}.nin_shortcut", cin, cout, 1)
-
-    def attn(name, c):
-        norm(f"{name}.norm", c)
-        for proj in ("q", "k", "v", "proj_out"):
-            conv(f"{name}.{proj}", c, c, 1)
-
-    def mid(name, c):
-        resnet(f"{name}.0", c, c), attn(f"{name}.1", c), resnet(f"{name}.2", c, c)
-
-    levels = len(ch_mult)
-    conv("encoder.conv_in", 3, ch, 3)
-    block_in = ch
-    for level, mult in enumerate(ch_mult):
-        for j in range(num_res_blocks):
-            resnet(f"encoder.conv_blocks.{level}.res.{j}", block_in, ch * mult)
-            block_in = ch * mult
-            if level == levels - 1:
-                attn(f"encoder.conv_blocks.{level}.attn.{j}", block_in)
-        if level != levels - 1:
-            conv(f"encoder.conv_blocks.{level}.downsample.conv", block_in, block_in, 3)
-    mid("encoder.mid", block_in)
-    norm("encoder.norm_out", block_in)
-    conv("encoder.conv_out", block_in, z_channels, 3)
-    block_in = ch * ch_mult[-1]
-    conv("decoder.conv_in", z_channels, block_in, 3)
-    mid("decoder.mid", block_in)
-    for i in range(levels):
-        for j in range(num_res_blocks + 1):
-            resnet(f"decoder.conv_blocks.{i}.res.{j}", block_in, ch * ch_mult[levels - 1 - i])
-            block_in = ch * ch_mult[levels - 1 - i]
-            if i == 0:
-                attn(f"decoder.conv_blocks.{i}.attn.{j}", block_in)
-        if i != levels - 1:
-            conv(f"decoder.conv_blocks.{i}.upsample.conv", block_in, block_in, 3)
-    norm("decoder.norm_out", block_in)
-    conv("decoder.conv_out", block_in, 3, 3)
+    shapes = _VQShapes()
+    shapes.encoder(ch, z_channels, ch_mult, num_res_blocks)
+    shapes.decoder(ch, z_channels, ch_mult, num_res_blocks)
     shapes["quantize.embedding.weight"] = (codebook_size, codebook_embed_dim)
     shapes["quantize.codebook_used"] = (65536,)
-    conv("quant_conv", z_channels, codebook_embed_dim, 1)
-    conv("post_quant_conv", codebook_embed_dim, z_channels, 1)
-    return shapes
+    shapes.conv("quant_conv", z_channels, codebook_embed_dim, 1)
+    shapes.conv("post_quant_conv", codebook_embed_dim, z_channels, 1)
+    return dict(shapes)
 
 
 def vq_args(**overrides) -> argparse.Namespace:

@@ -27,7 +27,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from mulo_sd.decoding.methods import decode_ar
 from mulo_sd.decoding.sampling import SamplerConfig
-from mulo_sd.nets.gpt import GPT, GPTConfig
+from mulo_sd.nets.gpt import GPT
+from mulo_sd.nets.gpt_config import GPTConfig
 from mulo_sd.nets.vq import VQModel
 from mulo_sd.testbed.captions import MAX_CAPTION_WORDS, VOCAB, encode_caption
 

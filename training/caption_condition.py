@@ -17,7 +17,7 @@ from mulo_sd.training.ar_module import check_word_condition
 
 from mulo_sd.llamagen.t5 import FEATURES_MEMBER, T5TextEncoder, left_pad, t5_feature_width
 from mulo_sd.nets.dtypes import resolve_dtype
-from mulo_sd.nets.gpt import GPTConfig
+from mulo_sd.nets.gpt_config import GPTConfig
 from mulo_sd.testbed.captions import MAX_CAPTION_WORDS, encode_caption
 
 FEATURES_KEY = FEATURES_MEMBER.removesuffix(".npy")  # the batch key of stored T5 rows

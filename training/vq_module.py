@@ -16,10 +16,11 @@ import torch
 from mulo_sd.training.accumulation import ends_accumulation
 from mulo_sd.training.checkpoints import config_node
 from mulo_sd.training.losses import LPIPS, AdversarialLoss, PatchDiscriminator, pixel_loss
-from mulo_sd.training.optim import adamw, warmup_cosine_schedule
+from mulo_sd.training.optim import adamw, manual_step, warmup_cosine_schedule
 from omegaconf import DictConfig, OmegaConf
 
-from mulo_sd.nets.vq import VQConfig, VQModel
+from mulo_sd.nets.vq import VQModel
+from mulo_sd.nets.vq_config import VQConfig
 
 
 def psnr(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -111,12 +112,7 @@ class VQLightning(L.LightningModule):
                 logs.update({f"train/{k}_{key}": v.detach() for k, v in terms.items()})
             self.manual_backward(total * scale)
         if stepping:
-            self.clip_gradients(
-                g_opt, gradient_clip_val=self.optim_cfg.grad_clip, gradient_clip_algorithm="norm"
-            )
-            g_opt.step()
-            g_opt.zero_grad(set_to_none=True)
-            self.lr_schedulers().step()
+            manual_step(self, g_opt, self.optim_cfg.grad_clip)
         if self.adversarial is not None and self.adversarial.active(step):
             d_total = 0.0
             with d_opt.toggle_model(sync_grad=stepping):

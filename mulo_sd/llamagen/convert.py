@@ -21,8 +21,11 @@ import sys
 from pathlib import Path
 
 from mulo_sd.llamagen.official import FAMILIES, WEIGHT_SETS, OfficialCheckpointError, read_official
-from mulo_sd.llamagen.official_configs import GPT_SETTINGS, ConfigFields, gpt_fields, vq_fields
-from mulo_sd.nets.gpt import GPT, GPTConfig
+from mulo_sd.llamagen.official_configs import GPT_SETTINGS, ConfigFields, gpt_fields
+from mulo_sd.llamagen.official_models import gpt_from_official, vq_from_official
+from mulo_sd.llamagen.official_vq_config import vq_fields
+from mulo_sd.nets.gpt import GPT
+from mulo_sd.nets.gpt_config import GPTConfig
 from mulo_sd.nets.io import CONFIG_NAME, WEIGHTS_NAME
 from mulo_sd.nets.vq import VQModel
 
@@ -60,10 +63,10 @@ def convert(
         if settings:
             raise TypeError(f"llamagen-vq reads every setting from the file, got {sorted(settings)}")
         fields = vq_fields(checkpoint, state)
-        model = VQModel.from_official(checkpoint, weights=weights)
+        model = vq_from_official(checkpoint, weights=weights)
     else:
         fields = gpt_fields(checkpoint, state, **settings)
-        model = GPT.from_official(checkpoint, GPTConfig(**fields.values), weights=weights)
+        model = gpt_from_official(checkpoint, GPTConfig(**fields.values), weights=weights)
     model.save_pretrained(out)
     return model, fields
 

@@ -3,13 +3,14 @@ caller's settings and the weights' shapes say, in that order of authority.
 
 - The file's own settings (LlamaGen's pickled `args`; Tar's spec `args` and model name) are authoritative:
   a caller value that disagrees is an error naming both.
-- Caller settings (`mulo-convert` flags, `from_official(**settings)`) fill in what the file does not store.
+- Caller settings (`mulo-convert` flags, `gpt_from_official(**settings)`) fill in what the file does not
+  store.
 - Shapes give what the weights fix exactly: depth, width, vocabulary, caption width, codebook, channels.
 - What none of these gives is LlamaGen's own default (`--cls-token-num 120`, `--downsample-size 16`,
   `--num-classes 1000`) or an error naming the flag to pass.
 
 Each value keeps its origin, which `mulo-convert` prints. The returned fields are keyword arguments of
-`GPTConfig` / `VQConfig`; this module imports neither, so the model modules can import it.
+`GPTConfig` (this module) / `VQConfig` (official_vq_config.py); official_models.py builds the models.
 """
 
 from __future__ import annotations
@@ -43,20 +44,11 @@ TAR_GPT_SIZES = {
     "llama-abs-XXL": (48, 24, 1536),
     "llama-abs-XXXL": (48, 40, 2560),
 }
-LLAMAGEN_VQ_MULTS = {"VQ-16": [1, 1, 2, 2, 4], "VQ-8": [1, 2, 2, 4]}
 # Settings a caller may pass per family (`mulo-convert` flags with '-' for '_')
 GPT_SETTINGS = {
     "llamagen-gpt": ("model_size", "image_size", "downsample_size", "cls_token_num", "num_classes", "n_head"),
     "tar-ar-dtok": ("model_size", "cls_token_num", "max_seq_len", "cond_len", "n_head"),
 }
-# LlamaGen VQ training args that are VQConfig fields of the same name
-VQ_ARGS = (
-    "codebook_size",
-    "codebook_embed_dim",
-    "codebook_l2_norm",
-    "commit_loss_beta",
-    "entropy_loss_ratio",
-)
 LLAMAGEN_CLS_TOKEN_NUM = 120  # --cls-token-num default of LlamaGen's t2i train and sample scripts
 LLAMAGEN_DOWNSAMPLE = 16
 LLAMAGEN_NUM_CLASSES = 1000
@@ -108,77 +100,41 @@ def check_gpt_config(config, checkpoint: OfficialCheckpoint) -> None:
         )
 
 
-def vq_fields(checkpoint: OfficialCheckpoint, state: dict[str, torch.Tensor], **overrides) -> ConfigFields:
-    """VQConfig fields of a LlamaGen VQ file: the architecture from the shapes, the quantiser's settings from
-    its training args, then `overrides` (VQConfig fields; one that contradicts the args is an error)."""
-    checkpoint.expect("llamagen-vq")
-    path, out = checkpoint.path, ConfigFields()
-    size, dim = _shape(state, "quantize.embedding.weight", path)
-    out.set("codebook_size", size, "weights: quantize.embedding.weight")
-    out.set("codebook_embed_dim", dim, "weights: quantize.embedding.weight")
-    out.set("codebook_show_usage", "quantize.codebook_used" in state, "weights: quantize.codebook_used")
-    ch = _shape(state, "encoder.conv_in.weight", path)[0]
-    out.set("ch", ch, "weights: encoder.conv_in.weight")
-    out.set(
-        "z_channels", _shape(state, "encoder.conv_out.weight", path)[0], "weights: encoder.conv_out.weight"
-    )
-    levels = _count(state, r"encoder\.conv_blocks\.(\d+)\.")
-    widths = [_shape(state, f"encoder.conv_blocks.{i}.res.0.conv1.weight", path)[0] for i in range(levels)]
-    out.set("encoder_ch_mult", [w // ch for w in widths], "weights: encoder.conv_blocks.*.res.0.conv1")
-    # the decoder's blocks run from the lowest resolution up
-    up = _count(state, r"decoder\.conv_blocks\.(\d+)\.")
-    widths = [
-        _shape(state, f"decoder.conv_blocks.{up - 1 - i}.res.0.conv1.weight", path)[0] for i in range(up)
-    ]
-    out.set("decoder_ch_mult", [w // ch for w in widths], "weights: decoder.conv_blocks.*.res.0.conv1")
-    out.set(
-        "num_res_blocks",
-        _count(state, r"encoder\.conv_blocks\.0\.res\.(\d+)\."),
-        "weights: encoder res blocks",
-    )
-    stored = {}
-    name = checkpoint.settings.get("vq_model")
-    if name is not None:
-        if LLAMAGEN_VQ_MULTS.get(name) != out.values["encoder_ch_mult"]:
-            raise OfficialCheckpointError(
-                f"{path}: args.vq_model is {name!r} but the weights have channel multipliers "
-                f"{out.values['encoder_ch_mult']} (LlamaGen's: {LLAMAGEN_VQ_MULTS})"
-            )
-    for arg in VQ_ARGS:
-        if arg in checkpoint.settings:
-            stored[arg] = checkpoint.settings[arg]
-            if arg in out.values and out.values[arg] != stored[arg]:
-                raise OfficialCheckpointError(
-                    f"{path}: args.{arg} is {stored[arg]!r} but the weights give {out.values[arg]!r}"
-                )
-            out.set(arg, stored[arg], f"checkpoint args.{arg}")
-    for name, value in overrides.items():
-        if name in stored and stored[name] != value:
-            raise OfficialCheckpointError(
-                f"{path}: {name}={value!r} disagrees with the file's training setting "
-                f"args.{name}={stored[name]!r}"
-            )
-        out.set(name, value, "given")
-    return out
-
-
 # ---- LlamaGen GPT -----------------------------------------------------------------------------------
 
 
 def _llamagen_gpt(checkpoint: OfficialCheckpoint, state, given) -> ConfigFields:
     path, out = checkpoint.path, ConfigFields()
     _depth_and_width(state, path, out)
+    t2i = _llamagen_condition(checkpoint, state, out)
+    name = _size_name(checkpoint.settings.get("gpt_model"), LLAMAGEN_GPT_SIZES, "GPT-")
+    _heads(checkpoint, state, given, out, LLAMAGEN_GPT_SIZES, "GPT-", (name, "checkpoint args.gpt_model"))
+    _llamagen_grid(checkpoint, given, out)
+    out.set("position", "rope2d", "LlamaGen")
+    if t2i:
+        _llamagen_caption_prefix(checkpoint, state, given, out)
+    else:
+        _llamagen_class_prefix(checkpoint, state, given, out)
+    return out
+
+
+def _llamagen_condition(checkpoint: OfficialCheckpoint, state, out: ConfigFields) -> bool:
+    """cond_type from the weights: 't5' for t2i's caption projection, 'class' for c2i's table; True: t2i."""
     t2i = "cls_embedding.cap_proj.fc1.weight" in state
     gpt_type = checkpoint.settings.get("gpt_type")
     if gpt_type is not None and gpt_type != ("t2i" if t2i else "c2i"):
         raise OfficialCheckpointError(
-            f"{path}: args.gpt_type is {gpt_type!r} but the weights have a "
+            f"{checkpoint.path}: args.gpt_type is {gpt_type!r} but the weights have a "
             f"{'caption projection (t2i)' if t2i else 'class table (c2i)'}"
         )
     condition = "cls_embedding.cap_proj" if t2i else "cls_embedding.embedding_table"
     out.set("cond_type", "t5" if t2i else "class", f"weights: {condition}")
-    name = _size_name(checkpoint.settings.get("gpt_model"), LLAMAGEN_GPT_SIZES, "GPT-")
-    _heads(checkpoint, state, given, out, LLAMAGEN_GPT_SIZES, "GPT-", (name, "checkpoint args.gpt_model"))
+    return t2i
+
+
+def _llamagen_grid(checkpoint: OfficialCheckpoint, given, out: ConfigFields) -> None:
+    """grid_size: the image size it was trained at over the VQ downsampling factor."""
+    path = checkpoint.path
     image_size, origin = _pick(checkpoint, "image_size", given)
     if image_size is None:
         raise OfficialCheckpointError(
@@ -194,43 +150,45 @@ def _llamagen_gpt(checkpoint: OfficialCheckpoint, state, given) -> ConfigFields:
     if image_size % factor:
         raise OfficialCheckpointError(f"{path}: image size {image_size} is not a multiple of {factor}")
     out.set("grid_size", (image_size // factor,) * 2, f"{origin} / {factor_origin}")
-    out.set("position", "rope2d", "LlamaGen")
-    if t2i:
-        out.set(
-            "caption_dim",
-            _shape(state, "cls_embedding.cap_proj.fc1.weight", path)[1],
-            f"weights: {condition}",
+
+
+def _llamagen_caption_prefix(checkpoint: OfficialCheckpoint, state, given, out: ConfigFields) -> None:
+    """t2i: caption_dim from the caption projection; cond_len (cls_token_num), within uncond_embedding."""
+    path = checkpoint.path
+    out.set(
+        "caption_dim",
+        tensor_shape(state, "cls_embedding.cap_proj.fc1.weight", path)[1],
+        "weights: cls_embedding.cap_proj",
+    )
+    cond_len, origin = _pick(checkpoint, "cls_token_num", given)
+    if cond_len is None:
+        cond_len, origin = (
+            LLAMAGEN_CLS_TOKEN_NUM,
+            f"LlamaGen's default --cls-token-num {LLAMAGEN_CLS_TOKEN_NUM}",
         )
-        cond_len, origin = _pick(checkpoint, "cls_token_num", given)
-        if cond_len is None:
-            cond_len, origin = (
-                LLAMAGEN_CLS_TOKEN_NUM,
-                f"LlamaGen's default --cls-token-num {LLAMAGEN_CLS_TOKEN_NUM}",
-            )
-        rows = _shape(state, "cls_embedding.uncond_embedding", path)[0]
-        if cond_len > rows:
-            raise OfficialCheckpointError(
-                f"{path}: cls_token_num {cond_len} ({origin}) exceeds the {rows} rows of uncond_embedding"
-            )
-        out.set("cond_len", cond_len, origin)
-    else:
-        out.set("cond_len", 1, "LlamaGen c2i")
-        classes, origin = _pick(checkpoint, "num_classes", given)
-        if classes is None:
-            classes, origin = LLAMAGEN_NUM_CLASSES, f"LlamaGen's default --num-classes {LLAMAGEN_NUM_CLASSES}"
-        rows = _shape(state, "cls_embedding.embedding_table.weight", path)[0]
-        if rows not in (classes, classes + 1):
-            raise OfficialCheckpointError(
-                f"{path}: the class table has {rows} rows, not num_classes {classes} ({origin}) or one more"
-            )
-        out.set("num_classes", classes, origin)
-        dropout = (
-            checkpoint.settings.get("class_dropout_prob", LLAMAGEN_CLASS_DROPOUT) if rows > classes else 0.0
+    rows = tensor_shape(state, "cls_embedding.uncond_embedding", path)[0]
+    if cond_len > rows:
+        raise OfficialCheckpointError(
+            f"{path}: cls_token_num {cond_len} ({origin}) exceeds the {rows} rows of uncond_embedding"
         )
-        out.set(
-            "class_dropout_prob", dropout, "weights: a null-class row" if rows > classes else "no null row"
+    out.set("cond_len", cond_len, origin)
+
+
+def _llamagen_class_prefix(checkpoint: OfficialCheckpoint, state, given, out: ConfigFields) -> None:
+    """c2i: one condition slot, num_classes and, given a null-class row, the class dropout it trained with."""
+    path = checkpoint.path
+    out.set("cond_len", 1, "LlamaGen c2i")
+    classes, origin = _pick(checkpoint, "num_classes", given)
+    if classes is None:
+        classes, origin = LLAMAGEN_NUM_CLASSES, f"LlamaGen's default --num-classes {LLAMAGEN_NUM_CLASSES}"
+    rows = tensor_shape(state, "cls_embedding.embedding_table.weight", path)[0]
+    if rows not in (classes, classes + 1):
+        raise OfficialCheckpointError(
+            f"{path}: the class table has {rows} rows, not num_classes {classes} ({origin}) or one more"
         )
-    return out
+    out.set("num_classes", classes, origin)
+    dropout = checkpoint.settings.get("class_dropout_prob", LLAMAGEN_CLASS_DROPOUT) if rows > classes else 0.0
+    out.set("class_dropout_prob", dropout, "weights: a null-class row" if rows > classes else "no null row")
 
 
 # ---- Tar AR-DTok ------------------------------------------------------------------------------------
@@ -248,14 +206,14 @@ def _tar_gpt(checkpoint: OfficialCheckpoint, state, given) -> ConfigFields:
     _heads(checkpoint, state, given, out, TAR_GPT_SIZES, "llama-abs-", (name, "checkpoint spec name"))
     out.set("cond_type", "tatok", "weights: clip_proj")
     out.set("position", "absolute", "weights: abs_pe")
-    caption_dim = _shape(state, "clip_proj.weight", path)[1]
+    caption_dim = tensor_shape(state, "clip_proj.weight", path)[1]
     stored_dim = checkpoint.settings.get("cond_dim")
     if stored_dim is not None and stored_dim != caption_dim:
         raise OfficialCheckpointError(
             f"{path}: args.cond_dim is {stored_dim} but clip_proj takes {caption_dim}"
         )
     out.set("caption_dim", caption_dim, "weights: clip_proj.weight")
-    rows = _shape(state, "abs_pe", path)[1]
+    rows = tensor_shape(state, "abs_pe", path)[1]
     trained, trained_origin = _pick(checkpoint, "cls_token_num", given)
     tokens, tokens_origin = _pick(checkpoint, "max_seq_len", given)
     if trained is None and tokens is None:
@@ -384,14 +342,14 @@ def _heads(checkpoint, state, given, out: ConfigFields, table, prefix, stored) -
     if dim % n_head:
         raise OfficialCheckpointError(f"{path}: width {dim} is not divisible by {n_head} heads ({origin})")
     out.set("n_head", n_head, origin)
-    fused = _shape(state, "layers.0.attention.wqkv.weight", path)[0] // (dim // n_head)
+    fused = tensor_shape(state, "layers.0.attention.wqkv.weight", path)[0] // (dim // n_head)
     kv_heads = (fused - n_head) // 2
     out.set("n_kv_head", None if kv_heads == n_head else kv_heads, "weights: layers.0.attention.wqkv.weight")
 
 
 def _depth_and_width(state, path, out: ConfigFields) -> None:
-    vocab, dim = _shape(state, "tok_embeddings.weight", path)
-    n_layer = _count(state, r"layers\.(\d+)\.")
+    vocab, dim = tensor_shape(state, "tok_embeddings.weight", path)
+    n_layer = count_indexed(state, r"layers\.(\d+)\.")
     out.set("vocab_size", vocab, "weights: tok_embeddings.weight")
     out.set("dim", dim, "weights: tok_embeddings.weight")
     out.set("n_layer", n_layer, "weights: layers.*")
@@ -406,13 +364,14 @@ def _size_name(name, table: dict, prefix: str):
     return by_lower.get(name.lower()) or by_lower.get((prefix + name).lower()) or name
 
 
-def _shape(state, key: str, path) -> tuple[int, ...]:
+def tensor_shape(state, key: str, path) -> tuple[int, ...]:
+    """The shape of state[key]; a missing tensor is an error naming it and the file."""
     if key not in state:
         raise OfficialCheckpointError(f"{path}: tensor {key!r} is missing from the weights")
     return tuple(state[key].shape)
 
 
-def _count(state, pattern: str) -> int:
+def count_indexed(state, pattern: str) -> int:
     """1 + the largest index captured by `pattern` among the keys (0 when none matches)."""
     found = [int(m.group(1)) for key in state if (m := re.match(pattern, key))]
     return max(found) + 1 if found else 0

@@ -3,8 +3,9 @@ layer over the target GPT's own feature sequence (docs/eagle2.md).
 
 Input at grid position p: `fc([e(x_p), f_p])`, the target's (frozen) embedding of token x_p concatenated with
 the target's final hidden features f_p (the features whose output head gives the distribution of x_p). The
-decoder layer (pre-norm attention and SwiGLU as in gpt.py, without the attention input norm, as EAGLE's first
-layer) predicts f_{p+1}; the target's frozen output head turns it into the draft distribution of x_{p+1}.
+decoder layer (the GPT's pre-norm attention and SwiGLU block, transformer.py, without the attention input
+norm, as EAGLE's first layer) predicts f_{p+1}; the target's frozen output head turns it into the draft
+distribution of x_{p+1}.
 The head owns no embedding and no output head: it is trained for one target and used with it
 (`check_target`). Positions: rotary over the grid like the target ('rope1d' for targets with absolute
 positions). Decoding keeps the head's K/V in a `DecodeState` of one layer over the grid slots (no prefix);
@@ -19,9 +20,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from mulo_sd.nets.gpt import GPT, BlockDims, GPTConfig, TransformerBlock, rotary_angles
+from mulo_sd.nets.gpt import GPT
+from mulo_sd.nets.gpt_config import BlockDims, GPTConfig
 from mulo_sd.nets.io import Pretrained
 from mulo_sd.nets.slot_cache import DecodeState
+from mulo_sd.nets.transformer import TransformerBlock, rotary_angles
 
 HEAD_POSITIONS = ("rope2d", "rope1d")
 

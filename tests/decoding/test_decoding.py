@@ -8,7 +8,8 @@ import mulo_sd.decoding.methods.zipar as zipar_module
 from mulo_sd.decoding.methods import decode_ar, decode_zipar, zipar_target_forwards
 from mulo_sd.decoding.sampling import SamplerConfig
 from mulo_sd.decoding.stats import DecodeStats
-from mulo_sd.nets.gpt import GPT, GPTConfig
+from mulo_sd.nets.gpt import GPT
+from mulo_sd.nets.gpt_config import GPTConfig
 from mulo_sd.nets.guidance import guide
 
 H, W = 4, 6

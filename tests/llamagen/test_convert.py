@@ -1,4 +1,5 @@
-"""`mulo-convert`: official-layout files -> model folders whose models equal the `from_official` ones."""
+"""`mulo-convert`: official-layout files -> model folders whose models equal the `gpt_from_official` /
+`vq_from_official` ones."""
 
 import json
 import shutil
@@ -7,10 +8,10 @@ import subprocess
 import pytest
 import torch
 
+from mulo_sd.llamagen import gpt_from_official, vq_from_official
 from mulo_sd.llamagen.convert import main
 from mulo_sd.llamagen.t5 import left_pad
-from mulo_sd.nets.gpt import GPT
-from mulo_sd.nets.vq import VQModel
+from mulo_sd.nets import GPT, VQModel
 from tests.official_fixtures import (
     CAPTION_DIM,
     CODEBOOK,
@@ -45,7 +46,7 @@ def test_llamagen_gpt_round_trip(tmp_path, capsys, image_size, cls_token_num):
     printed = capsys.readouterr().out
     assert f"cond_len = {cls_token_num}  (checkpoint args.cls_token_num)" in printed
     assert f"grid_size = {(image_size // 16,) * 2}  (checkpoint args.image_size / checkpoint args." in printed
-    converted, official = GPT.from_pretrained(out), GPT.from_official(source, n_head=GPT_HEADS)
+    converted, official = GPT.from_pretrained(out), gpt_from_official(source, n_head=GPT_HEADS)
     assert converted.config == official.config and converted.config.cond_len == cls_token_num
     assert json.loads((out / "config.json").read_text())["grid_size"] == [image_size // 16] * 2
     assert torch.equal(teacher_forced(converted), teacher_forced(official))
@@ -74,7 +75,7 @@ def test_llamagen_vq_round_trip(tmp_path):
     source, out = tmp_path / "vq_ds16_t2i.pt", tmp_path / "vq"
     write_llamagen_vq(source, ema=True)
     assert main(["llamagen-vq", str(source), str(out)]) == 0
-    converted, official = VQModel.from_pretrained(out), VQModel.from_official(source)
+    converted, official = VQModel.from_pretrained(out), vq_from_official(source)
     assert converted.config == official.config and converted.downsample_factor == 16
     ids = torch.randint(0, CODEBOOK, (1, 2, 2), generator=torch.Generator().manual_seed(0))
     assert torch.equal(converted.decode(ids), official.decode(ids))
@@ -88,7 +89,7 @@ def test_tar_ar_dtok_round_trip(tmp_path, capsys):
     assert main(["tar-ar-dtok", str(source), str(out), "--n-head", "4", "--cond-len", "4"]) == 0
     assert "n_positions = 12  (weights: abs_pe)" in capsys.readouterr().out
     converted = GPT.from_pretrained(out)
-    official = GPT.from_official(source, n_head=GPT_HEADS, cond_len=4)
+    official = gpt_from_official(source, n_head=GPT_HEADS, cond_len=4)
     assert converted.config.cond_len == 4 and converted.config == official.config
     assert torch.equal(teacher_forced(converted), teacher_forced(official))
 

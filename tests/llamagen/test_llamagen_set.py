@@ -11,6 +11,7 @@ from mulo_sd.training.decode import run
 from PIL import Image
 
 from mulo_sd.decoding.sampling import SamplerConfig
+from mulo_sd.llamagen import gpt_from_official
 from mulo_sd.nets import io as model_io
 from mulo_sd.nets.gpt import GPT
 from mulo_sd.nets.upsampler import Upsampler, UpsamplerConfig
@@ -185,7 +186,7 @@ def test_a_drafter_at_the_wrong_resolution_is_an_error(llamagen_root, tmp_path, 
 def test_a_gpt_of_another_codebook_is_an_error(llamagen_root, tmp_path, monkeypatch):
     source, folder = tmp_path / "t2i_32codes.pt", tmp_path / "t2i_32codes"
     write_llamagen_gpt(source, DRAFTER_SIZE, vocab_size=32, args_overrides={"vocab_size": 32})
-    GPT.from_official(source, n_head=GPT_HEADS).save_pretrained(folder)
+    gpt_from_official(source, n_head=GPT_HEADS).save_pretrained(folder)
     forbid_weights(monkeypatch)
     overrides = set_overrides(llamagen_root, "method=mulo", PROMPT, f"models.folders.drafter_r2={folder}")
     with pytest.raises(ValueError, match=r"drafter_r2 \(.*\) predicts vocab_size 32 token ids, but the vq"):
@@ -211,7 +212,7 @@ def test_gpts_with_different_caption_prefixes_are_an_error(llamagen_root, tmp_pa
     length = GPT.load_config(llamagen_root / FOLDERS["target"]).cond_len
     source = tmp_path / "other_prefix.pt"
     write_llamagen_gpt(source, DRAFTER_SIZE, cls_token_num=length - 1)
-    GPT.from_official(source, n_head=GPT_HEADS).save_pretrained(tmp_path / "other_prefix")
+    gpt_from_official(source, n_head=GPT_HEADS).save_pretrained(tmp_path / "other_prefix")
     forbid_weights(monkeypatch)
     overrides = set_overrides(
         llamagen_root, "method=mulo", PROMPT, f"models.folders.drafter_r2={tmp_path / 'other_prefix'}"

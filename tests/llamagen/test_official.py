@@ -6,9 +6,10 @@ from pathlib import Path, PurePosixPath
 import pytest
 import torch
 
+from mulo_sd.llamagen import gpt_from_official
 from mulo_sd.llamagen.official import OfficialCheckpoint, OfficialCheckpointError, read_official
 from mulo_sd.llamagen.official_configs import gpt_fields
-from mulo_sd.nets.gpt import GPT, GPTConfig
+from mulo_sd.nets import GPTConfig
 from tests.official_fixtures import (
     GPT_HEADS,
     llamagen_gpt_shapes,
@@ -58,18 +59,18 @@ def test_stored_settings_win_and_flags_fill_the_gaps(tmp_path):
     path = tmp_path / "t2i.pt"
     write_llamagen_gpt(path, 64, 120)
     with pytest.raises(ValueError, match=r"--cls-token-num 64 disagrees with .* args.cls_token_num = 120"):
-        GPT.from_official(path, n_head=GPT_HEADS, cls_token_num=64)
-    loaded = GPT.from_official(path, n_head=GPT_HEADS)
+        gpt_from_official(path, n_head=GPT_HEADS, cls_token_num=64)
+    loaded = gpt_from_official(path, n_head=GPT_HEADS)
     with pytest.raises(ValueError, match=r"cond_len is 5, checkpoint args.cls_token_num gives 120"):
-        GPT.from_official(path, GPTConfig(**{**vars(loaded.config), "cond_len": 5}))
+        gpt_from_official(path, GPTConfig(**{**vars(loaded.config), "cond_len": 5}))
     with pytest.raises(ValueError, match=r"model size 'GPT-tiny' .* is not one of .*: pass --n-head"):
-        GPT.from_official(path)
+        gpt_from_official(path)
 
     release = tmp_path / "release.pt"  # {"model": ...} only, as published
     write_llamagen_gpt(release, args=False)
     with pytest.raises(ValueError, match="stores no training args: pass .* --image-size"):
-        GPT.from_official(release, n_head=GPT_HEADS)
-    from_flags = GPT.from_official(release, n_head=GPT_HEADS, image_size=64)
+        gpt_from_official(release, n_head=GPT_HEADS)
+    from_flags = gpt_from_official(release, n_head=GPT_HEADS, image_size=64)
     assert (from_flags.config.grid_size, from_flags.config.cond_len) == ((4, 4), 120)  # LlamaGen's default
 
 
@@ -109,7 +110,7 @@ def test_published_sizes_are_read_off_the_shapes():
 def test_tar_settings_are_read_from_its_spec(tmp_path):
     path = tmp_path / "ar_dtok.pth"
     write_tar_ar_dtok(path, grid=2, cls_token_num=9)
-    model = GPT.from_official(path, n_head=GPT_HEADS)
+    model = gpt_from_official(path, n_head=GPT_HEADS)
     c = model.config
     assert (c.cond_type, c.grid_size, c.cond_len, c.n_positions, c.caption_dim) == (
         "tatok",
@@ -118,7 +119,7 @@ def test_tar_settings_are_read_from_its_spec(tmp_path):
         12,
         16,
     )
-    smaller_prefix = GPT.from_official(path, n_head=GPT_HEADS, cond_len=4)  # another TA-Tok scale
+    smaller_prefix = gpt_from_official(path, n_head=GPT_HEADS, cond_len=4)  # another TA-Tok scale
     assert (smaller_prefix.config.cond_len, smaller_prefix.config.n_positions) == (4, 12)
     with pytest.raises(ValueError, match=r"--max-seq-len 9 disagrees with .* args.max_seq_len = 4"):
-        GPT.from_official(path, n_head=GPT_HEADS, max_seq_len=9)
+        gpt_from_official(path, n_head=GPT_HEADS, max_seq_len=9)

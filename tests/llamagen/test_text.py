@@ -12,8 +12,8 @@ from mulo_sd.data.cli import synthscenes_sample
 from mulo_sd.data.pretokenize import ensure_pretokenized
 from mulo_sd.data.shards import write_shards
 
+from mulo_sd.llamagen import gpt_from_official
 from mulo_sd.llamagen.t5 import FEATURES_MEMBER, T5TextEncoder, left_pad
-from mulo_sd.nets.gpt import GPT
 from tests.helpers import tiny_vq
 from tests.official_fixtures import CAPTION_DIM, GPT_HEADS, T5_WORDS, write_llamagen_gpt, write_tiny_t5
 
@@ -85,7 +85,7 @@ def test_bf16_and_the_gpt_prefix(t5_folder, tmp_path):
     torch.testing.assert_close(features.float(), full, atol=0.1, rtol=0.05)
 
     write_llamagen_gpt(tmp_path / "t2i.pt", 32, LENGTH)
-    gpt = GPT.from_official(tmp_path / "t2i.pt", n_head=GPT_HEADS)
+    gpt = gpt_from_official(tmp_path / "t2i.pt", n_head=GPT_HEADS)
     encoder.check_fits(gpt.config)
     state = gpt.start(features, cfg_scale=7.5, cond_mask=mask)
     assert state.first_logits.shape == (3, gpt.vocab_size) and torch.isfinite(state.first_logits).all()

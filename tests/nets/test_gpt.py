@@ -1,11 +1,11 @@
-"""GPT: slot-cache decoding equals the full forward, official checkpoints load, bad input is refused."""
+"""GPT: slot-cache decoding equals the full forward, the official presets have the published shapes, bad
+input is refused (official files: tests/llamagen/test_official_models.py)."""
 
 import pytest
 import torch
 
-from mulo_sd.nets.gpt import GPT, GPTConfig
+from mulo_sd.nets import GPT, GPTConfig
 from mulo_sd.nets.guidance import guide
-from tests.official_fixtures import CAPTION_DIM, CODEBOOK, GPT_DIM, GPT_HEADS, GPT_LAYERS, write_llamagen_gpt
 
 GRID = (3, 4)  # not square, so rows and columns of the 2-D RoPE cannot be swapped unnoticed
 VOCAB = 64
@@ -257,102 +257,6 @@ def test_save_and_load_pretrained(tmp_path):
         torch.testing.assert_close(loaded(tokens, cond), model(tokens, cond))
 
 
-# ---- official checkpoints ---------------------------------------------------------------------------
-
-LLAMAGEN_T2I_KEYS = [
-    "tok_embeddings.weight",
-    "cls_embedding.cap_proj.fc1.weight",
-    "cls_embedding.cap_proj.fc2.weight",
-    "cls_embedding.uncond_embedding",
-    "layers.0.attention.wqkv.weight",
-    "layers.0.attention.wo.weight",
-    "layers.0.feed_forward.w1.weight",
-    "layers.0.feed_forward.w2.weight",
-    "layers.0.feed_forward.w3.weight",
-    "layers.0.attention_norm.weight",
-    "layers.0.ffn_norm.weight",
-    "norm.weight",
-    "output.weight",
-]
-LLAMAGEN_C2I_KEYS = [
-    "cls_embedding.embedding_table.weight",
-    "layers.1.attention.wqkv.weight",
-    "output.weight",
-]
-TAR_KEYS = [
-    "abs_pe",
-    "clip_proj.weight",
-    "clip_proj.bias",
-    "layers.1.feed_forward.w3.weight",
-    "output.weight",
-]
-
-
-def official_state(config, names):
-    """A random state dict written under the official names (asserted to be exactly the model's)."""
-    state = {k: v.detach().clone().float() for k, v in make_model(config, seed=5).state_dict().items()}
-    assert set(names) <= set(state)
-    return state
-
-
-@pytest.mark.parametrize("image_size, cls_token_num", [(32, 120), (64, 7)])
-def test_llamagen_t2i_checkpoint_loads(tmp_path, image_size, cls_token_num):
-    """A train_t2i.py checkpoint loads with its stored args. Its uncond_embedding has 120 rows whatever
-    --cls-token-num was; LlamaGen's prefix is cls_embedding(caption)[:, :cls_token_num], so the first rows
-    act and are the ones kept."""
-    path = tmp_path / "t2i.pt"
-    state = write_llamagen_gpt(path, image_size, cls_token_num)
-    uncond = state["cls_embedding.uncond_embedding"]
-    assert uncond.shape == (120, CAPTION_DIM)
-    loaded = GPT.from_official(path, n_head=GPT_HEADS)  # the tiny size is not in LlamaGen's table
-    grid = image_size // 16
-    expected = dict(
-        grid_size=(grid, grid), cond_len=cls_token_num, cond_type="t5", caption_dim=CAPTION_DIM,
-        position="rope2d", dim=GPT_DIM, n_layer=GPT_LAYERS, n_head=GPT_HEADS, n_kv_head=None,
-        vocab_size=CODEBOOK,
-    )  # fmt: skip
-    assert {name: getattr(loaded.config, name) for name in expected} == expected
-    loaded_state = loaded.state_dict()
-    assert torch.equal(loaded_state["cls_embedding.uncond_embedding"], uncond[:cls_token_num])
-    assert all(
-        torch.equal(loaded_state[k], v) for k, v in state.items() if k != "cls_embedding.uncond_embedding"
-    )
-    with torch.no_grad():  # the unconditional prefix, computed LlamaGen's way from all 120 rows
-        want = loaded.cls_embedding.cap_proj(uncond)[:cls_token_num]
-        got = loaded._embed_condition(torch.zeros(1, cls_token_num, CAPTION_DIM), torch.tensor([True]))[0]
-    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
-
-
-def test_llamagen_c2i_checkpoint_loads(tmp_path):
-    config = make_config("class", "rope2d")
-    state = official_state(config, LLAMAGEN_C2I_KEYS)
-    assert state["cls_embedding.embedding_table.weight"].shape == (11, 32)  # num_classes + null class
-    torch.save({"model": state}, tmp_path / "c2i.pt")
-    loaded = GPT.from_official(tmp_path / "c2i.pt", config)
-    for key, value in state.items():
-        assert torch.equal(loaded.state_dict()[key], value), key
-
-
-def test_tar_ar_dtok_checkpoint_loads(tmp_path):
-    config = make_config("tatok", "absolute", n_kv_head=None, n_positions=3 + 12 - 1)
-    state = official_state(config, TAR_KEYS)
-    assert state["abs_pe"].shape == (1, 14, 32)  # max_seq_len + cls_token_num - 1 rows, as Tar builds it
-    spec = {"name": "llama-abs-tiny", "args": {"cls_token_num": 3, "max_seq_len": 12}, "sd": state}
-    torch.save({"model": spec}, tmp_path / "ar_dtok_tiny.pth")
-    loaded = GPT.from_official(tmp_path / "ar_dtok_tiny.pth", config).double()
-    expected = make_model(config, seed=5)
-    cond, tokens = make_cond(config, 1), random_tokens(1)
-    with torch.no_grad():
-        torch.testing.assert_close(loaded(tokens, cond), expected(tokens, cond), atol=1e-5, rtol=1e-5)
-    state_ = loaded.start(cond, 1.0)
-    assert model_step_last_position(loaded, state_, tokens).shape == (1, 1, VOCAB)
-
-
-def model_step_last_position(model, state, tokens):
-    """Tar's table has no row for the last grid token; writing it must still work."""
-    return model.step(state, tokens[:, -1:], torch.tensor([GRID[0] * GRID[1] - 1]))
-
-
 def test_official_presets_have_the_published_shapes():
     t2i = GPTConfig.llamagen_t2i_xl(512)
     assert (t2i.grid_size, t2i.dim, t2i.n_layer, t2i.n_head, t2i.cond_len) == ((32, 32), 1280, 36, 20, 120)
@@ -361,23 +265,6 @@ def test_official_presets_have_the_published_shapes():
     assert (tar.grid_size, tar.n_layer, tar.cond_len, tar.n_positions) == ((64, 64), 30, 169, 4096 + 728)
     with pytest.raises(ValueError, match="multiple of the VQ downsampling factor 16"):
         GPTConfig.llamagen_t2i_xl(300)
-
-
-def test_official_loader_refuses_other_architectures(tmp_path):
-    config = make_config("t5", n_kv_head=None)
-    with pytest.raises(FileNotFoundError, match="huggingface.co/peizesun/llamagen_t2i"):
-        GPT.from_official(tmp_path / "t2i_XL_stage1_256.pt", config)
-    vq = {"encoder.conv_in.weight": torch.zeros(4, 3, 3, 3), "quantize.embedding.weight": torch.zeros(16, 8)}
-    torch.save({"model": vq}, tmp_path / "vq.pt")
-    with pytest.raises(ValueError, match=r"holds a LlamaGen VQ tokenizer .*`mulo-convert llamagen-vq`"):
-        GPT.from_official(tmp_path / "vq.pt", config)
-    wider = official_state(make_config("t5", n_kv_head=None, dim=48, n_head=4), LLAMAGEN_T2I_KEYS)
-    torch.save({"model": wider}, tmp_path / "wider.pt")
-    with pytest.raises(ValueError, match=r"tok_embeddings.weight: checkpoint \[64, 48\] vs model \[64, 32\]"):
-        GPT.from_official(tmp_path / "wider.pt", config)
-    torch.save([1, 2], tmp_path / "list.pt")
-    with pytest.raises(ValueError, match="list.pt holds a list, not a checkpoint dict"):
-        GPT.from_official(tmp_path / "list.pt", config)
 
 
 # ---- bad input --------------------------------------------------------------------------------------

@@ -1,8 +1,7 @@
 import pytest
 import torch
 
-from mulo_sd.nets.vq import VQConfig, VQModel
-from tests.official_fixtures import write_llamagen_vq
+from mulo_sd.nets import VQConfig, VQModel
 
 TINY = dict(
     codebook_size=256,
@@ -177,72 +176,3 @@ def test_presets_match_llamagen_layout():
     assert len(shapes) == 344 and len(vq8.state_dict()) == 300
     assert sum(p.numel() for p in vq16.parameters()) == 71_883_403
     assert (vq16.downsample_factor, vq8.downsample_factor) == (16, 8)
-
-
-def test_official_checkpoint_loads(tmp_path):
-    torch.manual_seed(0)
-    source = VQModel(VQConfig.llamagen_ds16()).eval()
-    state = source.state_dict()
-    assert set(OFFICIAL_VQ16_SHAPES) <= set(state)
-    path = tmp_path / "vq_ds16_t2i.pt"
-    torch.save({"model": state}, path)
-    loaded = VQModel.from_official(path)
-    assert not loaded.training and loaded.downsample_factor == 16
-    for key in OFFICIAL_VQ16_SHAPES:
-        assert torch.equal(loaded.state_dict()[key], state[key])
-    x = images(16, batch=1)
-    ids = source.encode(x)
-    assert ids.shape == (1, 1, 1)
-    assert torch.equal(loaded.encode(x), ids)
-    assert torch.equal(loaded.decode(ids), source.decode(ids))
-
-
-@pytest.mark.parametrize("wrap", [dict, lambda sd: {"state_dict": sd}, lambda sd: {"module": sd}])
-def test_official_wrappers(tmp_path, wrap):
-    vq = tiny()
-    torch.save(wrap(vq.state_dict()), tmp_path / "vq.pt")
-    loaded = VQModel.from_official(tmp_path / "vq.pt", **TINY)
-    assert torch.equal(loaded.codebook, vq.codebook)
-
-
-def test_official_weights_choice(tmp_path):
-    """LlamaGen's sample scripts load "model"; "ema" is a choice; asking for a set the file lacks fails."""
-    path = tmp_path / "vq_train.pt"
-    model_state = write_llamagen_vq(path, ema=True)
-    checkpoint = torch.load(path, weights_only=False)
-    default, ema = VQModel.from_official(path), VQModel.from_official(path, weights="ema")
-    for key in ("quantize.embedding.weight", "decoder.conv_out.weight"):
-        assert torch.equal(default.state_dict()[key], model_state[key])
-        assert torch.equal(ema.state_dict()[key], checkpoint["ema"][key])
-        assert not torch.equal(ema.state_dict()[key], model_state[key])
-    config = default.config  # read off the shapes and the stored args
-    expected = dict(ch=32, z_channels=32, encoder_ch_mult=[1, 1, 2, 2, 4], num_res_blocks=2, codebook_size=64)
-    assert {name: getattr(config, name) for name in expected} == expected
-    write_llamagen_vq(tmp_path / "release.pt", args=False)
-    with pytest.raises(ValueError, match=r"release.pt has no 'ema' weights; it holds \['model'\]"):
-        VQModel.from_official(tmp_path / "release.pt", weights="ema")
-    with pytest.raises(ValueError, match="weights must be one of"):
-        VQModel.from_official(path, weights="swa")
-
-
-def test_official_checkpoint_errors(tmp_path):
-    with pytest.raises(FileNotFoundError, match="vq_ds16_t2i.pt from the LlamaGen release"):
-        VQModel.from_official(tmp_path / "absent.pt")
-
-    state = tiny().state_dict()
-    state["decoder.conv_out.bias_renamed"] = state.pop("decoder.conv_out.bias")
-    torch.save({"model": state}, tmp_path / "renamed.pt")
-    with pytest.raises(ValueError, match=r"1 missing keys \['decoder.conv_out.bias'\].*bias_renamed"):
-        VQModel.from_official(tmp_path / "renamed.pt", **TINY)
-
-    torch.save({"model": tiny().state_dict()}, tmp_path / "tiny.pt")
-    with pytest.raises(ValueError, match=r"quantize.embedding.weight \(256, 8\) != \(512, 8\)"):
-        VQModel.from_official(tmp_path / "tiny.pt", **{**TINY, "codebook_size": 512})
-
-    torch.save({"steps": 3}, tmp_path / "no_weights.pt")
-    with pytest.raises(ValueError, match=r"no weights under \['model', 'module', 'state_dict', 'ema'\]"):
-        VQModel.from_official(tmp_path / "no_weights.pt", **TINY)
-
-    write_llamagen_vq(tmp_path / "l2.pt", args_overrides={"codebook_l2_norm": False})
-    with pytest.raises(ValueError, match=r"l2_norm=True disagrees with .* args\.codebook_l2_norm=False"):
-        VQModel.from_official(tmp_path / "l2.pt", codebook_l2_norm=True)

@@ -16,9 +16,11 @@ from PIL import Image
 from mulo_sd.decoding.sampling import SamplerConfig
 from mulo_sd.nets.downsampler import Downsampler, DownsamplerConfig
 from mulo_sd.nets.eagle_head import EagleHead, EagleHeadConfig
-from mulo_sd.nets.gpt import GPT, GPTConfig
+from mulo_sd.nets.gpt import GPT
+from mulo_sd.nets.gpt_config import GPTConfig
 from mulo_sd.nets.upsampler import Upsampler, UpsamplerConfig
-from mulo_sd.nets.vq import VQConfig, VQModel
+from mulo_sd.nets.vq import VQModel
+from mulo_sd.nets.vq_config import VQConfig
 from mulo_sd.pipeline.decode_entry import (
     RECOMMENDED,
     caption_condition,

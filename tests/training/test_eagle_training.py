@@ -6,7 +6,8 @@ from mulo_sd.training.train import run
 from mulo_sd.decoding.methods import decode_ar, decode_eagle2
 from mulo_sd.decoding.sampling import SamplerConfig
 from mulo_sd.nets.eagle_head import EagleHead
-from mulo_sd.nets.gpt import GPT, GPTConfig
+from mulo_sd.nets.gpt import GPT
+from mulo_sd.nets.gpt_config import GPTConfig
 from mulo_sd.testbed.captions import MAX_CAPTION_WORDS, VOCAB
 from tests.data.test_pretokenize import tiny_vq
 from tests.helpers import compose_train_config
