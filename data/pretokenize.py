@@ -129,7 +129,7 @@ class ShardTokenizer:
     ):
         # the datamodule's own decoder, so images are cropped and downscaled exactly as training does it
         # (imported here: it pulls in Lightning, which the other mulo-data commands do without)
-        from mulo_sd.training.datamodule import SampleDecoder
+        from mulo_sd.training.sample_decoding import SampleDecoder
 
         self.vq = vq
         self.text_encoder = text_encoder
@@ -202,7 +202,7 @@ def pretokenize(
 
     `allow_pipe` accepts `pipe:` input URLs, which run shell commands. `text_encoder`: a FLAN-T5 folder;
     each sample then also stores its caption's T5 features (mulo_sd/llamagen/t5.py)."""
-    from mulo_sd.training.datamodule import expand_shards  # the spec syntax training reads ('::' joins specs)
+    from mulo_sd.training.shard_stream import expand_shards  # training's spec syntax ('::' joins specs)
 
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")

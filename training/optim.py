@@ -55,3 +55,13 @@ def clip_by_norm(module, optimizer: torch.optim.Optimizer, grad_clip: float | No
     """Lightning's `configure_gradient_clipping` body: clip the gradient norm at `grad_clip` (0/None: off)."""
     if grad_clip:
         module.clip_gradients(optimizer, gradient_clip_val=grad_clip, gradient_clip_algorithm="norm")
+
+
+def manual_step(module, optimizer: torch.optim.Optimizer, grad_clip: float | None) -> None:
+    """A manually optimised module's generator step at the end of an accumulation window: clip the gradient
+    norm at `grad_clip` (0/None: off), step, clear the gradients, advance the module's learning-rate
+    schedule by one step."""
+    clip_by_norm(module, optimizer, grad_clip)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    module.lr_schedulers().step()

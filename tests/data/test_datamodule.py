@@ -11,7 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 import webdataset as wds
-from mulo_sd.training.datamodule import ShardDataModule, skipped_total
+from mulo_sd.training.datamodule import ShardDataModule
+from mulo_sd.training.sample_decoding import skipped_total
 from PIL import Image
 
 from tests.helpers import compose_train_config

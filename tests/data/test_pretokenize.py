@@ -11,7 +11,7 @@ from mulo_sd.data import pretokenize as pretokenize_module
 from mulo_sd.data.cli import main, synthscenes_sample
 from mulo_sd.data.pretokenize import MANIFEST_NAME, ensure_pretokenized, output_spec, pretokenize
 from mulo_sd.data.shards import write_shards
-from mulo_sd.training.datamodule import center_crop, to_tensor
+from mulo_sd.training.sample_decoding import center_crop, to_tensor
 from PIL import Image
 
 from mulo_sd.nets.vq import VQModel

@@ -16,12 +16,14 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from mulo_sd.training.config import CONFIG_DIR
-from mulo_sd.training.sampler_module import SamplerLightning, accepted_draft_tokens
+from mulo_sd.training.sampler_module import SamplerLightning
+from mulo_sd.training.sampler_target import accepted_draft_tokens
 from mulo_sd.training.train import run
 
 from mulo_sd.decoding.sampling import SamplerConfig
 from mulo_sd.nets.downsampler import Downsampler
-from mulo_sd.nets.gpt import GPT, GPTConfig
+from mulo_sd.nets.gpt import GPT
+from mulo_sd.nets.gpt_config import GPTConfig
 from mulo_sd.nets.pixel_samplers import PixelUpsampler
 from mulo_sd.nets.upsampler import Upsampler
 from mulo_sd.testbed.captions import MAX_CAPTION_WORDS, VOCAB, encode_caption
