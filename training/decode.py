@@ -9,12 +9,12 @@ directly.
     mulo-decode models=llamagen_t2i_xl_512 models.root=/ckpts method=mulo prompt="a corgi on a beach"
     mulo-decode models=tar_1024 models.root=/ckpts method=mulo prompt="a corgi on a beach" compare_ar=true
 
-The prompt, the method's models (the set names a folder for each) and the output path are checked before any
-model is loaded; the models' configs are checked against each other before any weights are read. A Tar set
-(targets conditioned on TA-Tok features) decodes in two stages, MLLM then AR-DTok, and reports each stage's
-statistics under its prefix (mulo_sd/pipeline/tar_decode.py). `compare_ar=true` also decodes with plain AR
-under the
-same condition and reports the method's speedup (on a Tar set: of the AR-DTok stage and end to end).
+The prompt, the method's models (the set names a folder for each), the output path and the seed are checked
+before any model is loaded; the models' configs are checked against each other before any weights are read. A
+Tar set (targets conditioned on TA-Tok features) decodes in two stages, MLLM then AR-DTok, and reports each
+stage's statistics under its prefix (mulo_sd/pipeline/tar_decode.py). `compare_ar=true` also decodes with
+plain AR under the same condition and reports the method's speedup (on a Tar set: of the AR-DTok stage and end
+to end).
 """
 
 from __future__ import annotations
@@ -25,11 +25,13 @@ from pathlib import Path
 import hydra
 import torch
 from mulo_sd.training.config import CONFIG_DIR
+from mulo_sd.training.seeds import check_seed
 from omegaconf import DictConfig, OmegaConf
 
 from mulo_sd.decoding.sampling import SamplerConfig
 from mulo_sd.pipeline.decode_entry import LANTERN_DRAFTER, decode, required_models, tensor_to_pil
-from mulo_sd.pipeline.model_set import MLLM, TATOK, ModelSet, load_model_set
+from mulo_sd.pipeline.model_set import ModelSet, load_model_set
+from mulo_sd.pipeline.roles import MLLM, TATOK
 from mulo_sd.pipeline.tar_decode import decode_tar
 from mulo_sd.testbed.captions import encode_caption
 
@@ -115,6 +117,7 @@ def run(cfg: DictConfig) -> dict:
     for name in names:  # a role the set lacks fails before anything loads
         model_set.path(name, LANTERN_DRAFTER if name == "drafter_small" else f"method={cfg.method} uses it")
     out = prepare_output(cfg.out)
+    seed = check_seed(cfg.seed, "seed")
     if cfg.get("threads"):
         torch.set_num_threads(cfg.threads)
     models = load_model_set(model_set, names, cfg.device)
@@ -129,13 +132,13 @@ def run(cfg: DictConfig) -> dict:
                 f"model set '{model_set.name}' has no mllm_sampler, which Tar's MLLM samples with"
             )
         mllm_sampler = SamplerConfig(**models_cfg["mllm_sampler"])
-        tar = decode_tar(cfg.method, models, [prompt], knobs, sampler, mllm_sampler, cfg.seed, compare_ar)
+        tar = decode_tar(cfg.method, models, [prompt], knobs, sampler, mllm_sampler, seed, compare_ar)
         result, row = tar.result, tar.as_dict()
     else:
-        result = decode(cfg.method, models, [prompt], knobs, sampler, cfg.seed)
+        result = decode(cfg.method, models, [prompt], knobs, sampler, seed)
         row = result.stats.as_dict()
         if compare_ar:
-            reference = decode("ar", models, [prompt], {}, sampler, cfg.seed)
+            reference = decode("ar", models, [prompt], {}, sampler, seed)
             row["ar_wall_s"] = reference.stats.wall_seconds
             row["speedup"] = reference.stats.wall_seconds / result.stats.wall_seconds
     tensor_to_pil(result.image[0]).save(out)

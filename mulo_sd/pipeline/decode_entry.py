@@ -159,7 +159,7 @@ def _admits_none(hint) -> bool:
 
 
 def required_models(method: str, knobs: dict) -> list[str]:
-    """Model roles (model_set.MODEL_CLASSES) that `decode(method, ..., knobs)` uses; a target conditioned on
+    """Model roles (roles.MODEL_CLASSES) that `decode(method, ..., knobs)` uses; a target conditioned on
     T5 features brings the set's text encoder with it (model_set.load_model_set)."""
     knobs = resolve_knobs(method, knobs)
     names = ["vq", "target"]

@@ -6,25 +6,23 @@ together. The entry points take a set from the Hydra group `models` (conf/models
     models = load_model_set(model_set, names=["vq", "target", "drafter_r2"])  # -> Models
     cond, mask = models.condition(["a photo of a cat"])                       # word ids or T5 features
 
-Roles (`ROLES`): `vq`, `target`, the drafters `drafter_r2` / `drafter_r4` (the target's grid over r) and
-`drafter_small` (LANTERN's same-resolution drafter), `eagle_head` (EAGLE-2's draft head for the target:
-mulo_sd/nets/eagle_head.py), the samplers `upsampler_r{2,4}` / `downsampler_r{2,4}`,
+Roles (`ROLES`, mulo_sd/pipeline/roles.py): `vq`, `target`, the drafters `drafter_r2` / `drafter_r4` (the
+target's grid over r) and `drafter_small` (LANTERN's same-resolution drafter), `eagle_head` (EAGLE-2's draft
+head for the target: mulo_sd/nets/eagle_head.py), the samplers `upsampler_r{2,4}` / `downsampler_r{2,4}`,
 `sceneeval` (the testbed's evaluator), `text_encoder` (a FLAN-T5 folder for targets conditioned on T5
 caption features: mulo_sd/llamagen/t5.py), and Tar's first stage: `mllm` (a Qwen2-family folder) with `tatok`
-(the
-TA-Tok checkpoint file), which turn a prompt into the TA-Tok features its AR-DTok GPTs are conditioned on
-(mulo_sd/tar/files.py, mulo_sd/pipeline/tar_decode.py). A set names a folder for any subset; relative folders
-sit
-under `root`.
+(the TA-Tok checkpoint file), which turn a prompt into the TA-Tok features its AR-DTok GPTs are conditioned
+on (mulo_sd/tar/files.py, mulo_sd/pipeline/tar_decode.py). A set names a folder for any subset; relative
+folders sit under `root`; a missing one is an error saying how to make it (mulo_sd/pipeline/folder_hints.py).
 
-Everything that can disagree is checked from the folders' config files before any weights load, with an
-error naming the role, the file and the field: codebook size and code dimension of every GPT and sampler
-against the VQ, each drafter's grid against the target's grid over its r, the samplers' r, one condition
-kind and one caption prefix for all GPTs, the T5 folder's presence and feature width; for Tar, a Qwen2-family
-MLLM folder and TA-Tok features as wide as the AR-DTok's clip projection. A sampler's stored codebook
-vectors are compared with the VQ's once loaded. `dtype` applies to the AR models, the T5 encoder and the MLLM
-(LlamaGen's sample_t2i.py and Tar's t2i_inference.py run those in bf16, the VQ in float32); VQ and samplers
-stay float32.
+Everything that can disagree is checked from the folders' config files before any weights load
+(mulo_sd/pipeline/set_checks.py), with an error naming the role, the file and the field: codebook size and
+code dimension of every GPT and sampler against the VQ, each drafter's grid against the target's grid over
+its r, the samplers' r, one condition kind and one caption prefix for all GPTs, the T5 folder's presence and
+feature width; for Tar, a Qwen2-family MLLM folder and TA-Tok features as wide as the AR-DTok's clip
+projection. A sampler's stored codebook vectors are compared with the VQ's once loaded. `dtype` applies to
+the AR models, the T5 encoder and the MLLM (LlamaGen's sample_t2i.py and Tar's t2i_inference.py run those in
+bf16, the VQ in float32); VQ and samplers stay float32.
 """
 
 from __future__ import annotations
@@ -36,91 +34,41 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from mulo_sd.llamagen.t5 import T5_FILES_HINT, T5TextEncoder, t5_feature_width
-from mulo_sd.nets.downsampler import Downsampler
+from mulo_sd.llamagen.t5 import T5TextEncoder
 from mulo_sd.nets.dtypes import resolve_dtype
 from mulo_sd.nets.eagle_head import EagleHead
 from mulo_sd.nets.gpt import GPT
 from mulo_sd.nets.io import CONFIG_NAME
-from mulo_sd.nets.upsampler import Upsampler
 from mulo_sd.nets.vq import VQModel
-from mulo_sd.tar.files import TAR_FILES_HINT, check_mllm_folder, read_tatok_shape
+from mulo_sd.pipeline.folder_hints import folder_hint, missing_folder_message
+from mulo_sd.pipeline.roles import (
+    DRAFTERS,
+    FAMILIES,
+    GPT_ROLES,
+    MLLM,
+    MODEL_CLASSES,
+    ROLES,
+    TATOK,
+    TESTBED_DIR,
+    TEXT_ENCODER,
+)
+from mulo_sd.pipeline.set_checks import (
+    check_ar_dtoks,
+    check_configs,
+    check_sampler_codebooks,
+    check_tar_stage,
+    t5_width,
+)
 from mulo_sd.testbed.captions import encode_caption
 from mulo_sd.testbed.sceneeval import SceneEval
 
 if TYPE_CHECKING:  # transformers' Qwen2 is imported only for sets that have an MLLM
     from mulo_sd.tar.mllm import TarMLLM
 
-TESTBED_DIR = Path(__file__).resolve().parents[1] / "assets" / "testbed"
-
-# role -> model class of the folder; the drafters and samplers are kept by these names in `Models`
-MODEL_CLASSES = {
-    "vq": VQModel,
-    "target": GPT,
-    "drafter_r2": GPT,
-    "drafter_r4": GPT,
-    "drafter_small": GPT,
-    "eagle_head": EagleHead,
-    "upsampler_r2": Upsampler,
-    "upsampler_r4": Upsampler,
-    "downsampler_r2": Downsampler,
-    "downsampler_r4": Downsampler,
-    "sceneeval": SceneEval,
-}
-TEXT_ENCODER = "text_encoder"
-MLLM, TATOK = "mllm", "tatok"  # Tar's first stage: a folder and a file
-ROLES = (*MODEL_CLASSES, TEXT_ENCODER, MLLM, TATOK)
-DRAFTERS = ("drafter_r2", "drafter_r4", "drafter_small")
-SAMPLERS = ("upsampler_r2", "upsampler_r4", "downsampler_r2", "downsampler_r4")
-GPT_ROLES = ("target", *DRAFTERS)
-SCALES = {"drafter_r2": 2, "drafter_r4": 4, "drafter_small": 1, **{name: int(name[-1]) for name in SAMPLERS}}
-FAMILIES = ("testbed", "llamagen", "tar")
 # sampler: the image-token GPTs' sampling defaults; mllm_sampler: Tar's first stage's; knobs: the set's
 # method knobs over mulo_sd.pipeline.decode_entry.RECOMMENDED (e.g. MuLo-SD's r where the set has only one
 # drafter)
 CONFIG_KEYS = ("name", "family", "root", "folders", "device", "dtype", "sampler", "mllm_sampler", "knobs")
-
-
-def train_command(name: str, folder: str | Path = TESTBED_DIR) -> str:
-    """The command that trains and exports testbed model `name` into `folder`/`name`."""
-    return export_command(name, Path(folder) / name)
-
-
-def export_command(name: str, path: str | Path) -> str:
-    """The command that trains testbed model `name` and exports it into the folder `path`."""
-    path = Path(path).resolve()
-    try:
-        path = path.relative_to(Path.cwd())
-    except ValueError:
-        pass  # outside the working directory: keep it absolute
-    return f"mulo-train experiment=testbed/{name} export={path}"
-
-
-def _tar_hint(role: str, path: Path) -> str:
-    """How a Tar set's folder or file for `role` is made (docs/tar.md)."""
-    if role == "vq":
-        return f"convert LlamaGen's tokenizer (Tar's VQ): mulo-convert llamagen-vq vq_ds16_t2i.pt {path}"
-    if role in GPT_ROLES:
-        return f"convert a Tar AR-DTok file: mulo-convert tar-ar-dtok <ar_dtok_lp_*px.pth> {path}"
-    if role in SAMPLERS:
-        return f"train it: mulo-train experiment=tar/{role} tar.root=<models.root> export={path}"
-    if role in (MLLM, TATOK):
-        return TAR_FILES_HINT[role].format(path=path)
-    return "this family has no such model"
-
-
-def _llamagen_hint(role: str, path: Path) -> str:
-    """How a LlamaGen set's folder for `role` is made (docs/llamagen.md)."""
-    if role == "vq":
-        return f"convert LlamaGen's tokenizer: mulo-convert llamagen-vq vq_ds16_t2i.pt {path}"
-    if role in GPT_ROLES:
-        return (
-            f"convert a LlamaGen t2i checkpoint: mulo-convert llamagen-gpt <t2i_XL_stage*.pt> {path} "
-            f"--image-size <its resolution>"
-        )
-    if role in SAMPLERS:
-        return f"train it: mulo-train experiment=llamagen/{role} llamagen.root=<models.root> export={path}"
-    return "this family has no such model"
 
 
 @dataclass
@@ -180,7 +128,7 @@ class ModelSet:
             why = f" ({purpose})" if purpose else ""
             raise FileNotFoundError(
                 f"model set '{self.name}' has no {role} folder{why}: set models.folders.{role}=<folder under "
-                f"models.root>; {self.hint(role, Path('<folder>'))}"
+                f"models.root>; {folder_hint(self.family, role, Path('<folder>'))}"
             )
         if role == TATOK:
             present = folder.is_file()
@@ -189,26 +137,8 @@ class ModelSet:
         else:
             present = (folder / CONFIG_NAME).is_file()
         if not present:
-            raise FileNotFoundError(self.missing_message(role))
+            raise FileNotFoundError(missing_folder_message(self.name, self.family, role, folder))
         return folder
-
-    def missing_message(self, role: str) -> str:
-        folder = self.folders[role]
-        if self.family == "testbed" and role in MODEL_CLASSES:
-            return (
-                f"testbed model '{role}' not found in {folder}: train and export it with\n"
-                f"    {export_command(role, folder)}"
-            )
-        return f"model set '{self.name}': {role} folder {folder} not found: {self.hint(role, folder)}"
-
-    def hint(self, role: str, folder: Path) -> str:
-        if role == TEXT_ENCODER:
-            return T5_FILES_HINT.format(folder=folder)
-        if self.family == "testbed":
-            return f"train and export it with `{export_command(role, folder)}`"
-        if self.family == "tar":
-            return _tar_hint(role, folder)
-        return _llamagen_hint(role, folder)
 
     def available(self) -> list[str]:
         """The model roles (not the text encoder) whose folder holds a config."""
@@ -254,6 +184,17 @@ class Models:
             return self.mllm
         return {**self.drafters, **self.samplers}.get(name)
 
+    def put(self, name: str, model) -> None:
+        """Keep `model` (loaded from a folder of MODEL_CLASSES) as the model of role `name`."""
+        if name == "vq":
+            self.tokenizer = model
+        elif name in ("target", "sceneeval"):
+            setattr(self, name, model)
+        elif name in (*DRAFTERS, "eagle_head"):
+            self.drafters[name] = model
+        else:
+            self.samplers[name] = model
+
     def require(self, name: str, purpose: str = ""):
         """The model loaded for role `name`; if absent, an error saying how to get it."""
         model = self.get(name)
@@ -291,11 +232,7 @@ def load_model_set(
     weights (module docstring); a role the set lacks is a FileNotFoundError saying how to make it. GPTs
     conditioned on TA-Tok features bring the MLLM (and its TA-Tok file) with them."""
     device = model_set.device if device is None else device
-    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(
-            f"model set '{model_set.name}' loads on {device}, but this machine has no CUDA device: set "
-            f"models.device=cpu (and models.dtype=float32: bfloat16 is slow on CPUs)"
-        )
+    _check_device(model_set, device)
     names = model_set.available() if names is None else list(dict.fromkeys(names))
     unknown = sorted(set(names) - set(ROLES))
     if unknown:
@@ -303,183 +240,60 @@ def load_model_set(
     configs = {name: model_set.config(name) for name in names if name in MODEL_CLASSES}
     if model_set.family == "tar":
         check_ar_dtoks(model_set, configs)
-    t5 = [name for name, config in configs.items() if name in GPT_ROLES and config.cond_type == "t5"]
-    if t5 and TEXT_ENCODER not in names:
-        names.append(TEXT_ENCODER)
-    tatok = [name for name, config in configs.items() if name in GPT_ROLES and config.cond_type == "tatok"]
-    if (tatok or TATOK in names) and MLLM not in names:
-        names.append(MLLM)
+    names = _with_condition_roles(configs, names)
     check_configs(model_set, configs, t5_width(model_set) if TEXT_ENCODER in names else None)
     scale = check_tar_stage(model_set, configs) if MLLM in names else 0
     dtype = resolve_dtype(model_set.dtype)
     models = Models(folder=model_set.root or TESTBED_DIR, model_set=model_set)
     for name in configs:
         model = MODEL_CLASSES[name].from_pretrained(model_set.folders[name], device)
-        if name in (*GPT_ROLES, "eagle_head"):
-            model = model.to(dtype)
-        if name == "vq":
-            models.tokenizer = model
-        elif name in ("target", "sceneeval"):
-            setattr(models, name, model)
-        elif name in (*DRAFTERS, "eagle_head"):
-            models.drafters[name] = model
-        else:
-            models.samplers[name] = model
+        models.put(name, model.to(dtype) if name in (*GPT_ROLES, "eagle_head") else model)
     if TEXT_ENCODER in names:
-        lengths = {configs[name].cond_len for name in t5} or {None}
-        kwargs = {} if None in lengths else {"max_length": lengths.pop()}
-        models.text_encoder = T5TextEncoder(model_set.folders[TEXT_ENCODER], device, dtype, **kwargs)
+        models.text_encoder = _load_text_encoder(model_set, configs, device, dtype)
     if MLLM in names:
-        from mulo_sd.tar.mllm import TarMLLM  # transformers' Qwen2: only for sets that have one
-
-        models.mllm = TarMLLM.from_pretrained(
-            model_set.folders[MLLM],
-            model_set.folders[TATOK],
-            device=str(device),
-            dtype=model_set.dtype,
-            scale=scale,
-        )
+        models.mllm = _load_mllm(model_set, device, scale)
     if models.tokenizer is not None:
-        for name, sampler in models.samplers.items():
-            try:
-                sampler.check_tokenizer(models.tokenizer)
-            except ValueError as error:
-                raise ValueError(
-                    f"model set '{model_set.name}': {name} ({model_set.folders[name]}): {error}"
-                ) from None
+        check_sampler_codebooks(model_set, models.tokenizer, models.samplers)
     return models
 
 
-def t5_width(model_set: ModelSet) -> int:
-    """d_model of the set's T5 folder, from its config.json; errors name what to put where."""
-    return t5_feature_width(model_set.path(TEXT_ENCODER, "the T5 encoder of the set's captions"))
-
-
-def check_ar_dtoks(model_set: ModelSet, configs: dict) -> None:
-    """Raise unless every GPT of a Tar set is an AR-DTok (conditioned on TA-Tok features)."""
-    for role, config in configs.items():
-        if role in GPT_ROLES and config.cond_type != "tatok":
-            raise ValueError(
-                f"model set '{model_set.name}': {role} ({model_set.folders[role] / CONFIG_NAME}) has "
-                f"cond_type '{config.cond_type}', but a Tar set's GPTs are AR-DTok models conditioned on "
-                f"TA-Tok features (cond_type 'tatok'): {_tar_hint(role, Path('<folder>'))}"
-            )
-
-
-def check_tar_stage(model_set: ModelSet, configs: dict) -> int:
-    """Raise unless the set's MLLM folder is a Qwen2-family LM and its TA-Tok file gives features as wide
-    as every AR-DTok's clip projection takes, at a scale with as many codes as their prefix (all read
-    without loading weights). Returns that scale: the one the MLLM writes."""
-    prefix = f"model set '{model_set.name}': "
-    check_mllm_folder(model_set.path(MLLM, "Tar's MLLM, which writes the TA-Tok tokens of a prompt"))
-    tatok = model_set.path(TATOK, "the TA-Tok codebook of the MLLM's tokens")
-    shape = read_tatok_shape(tatok)
-    scale = 0
-    for role, config in configs.items():
-        if role not in GPT_ROLES:
-            continue
-        where = f"{prefix}{role} ({model_set.folders[role] / CONFIG_NAME})"
-        if config.caption_dim != shape.feature_dim:
-            raise ValueError(
-                f"{where} takes caption_dim {config.caption_dim} (its clip_proj), but the TA-Tok file "
-                f"{tatok} gives {shape.feature_dim}-d features: use the AR-DTok trained on this TA-Tok"
-            )
-        if config.cond_len not in shape.token_counts:
-            raise ValueError(
-                f"{where} has cond_len {config.cond_len}, but the TA-Tok file {tatok} writes "
-                f"{' / '.join(map(str, shape.token_counts))} codes at Tar's scales <S0>..<S2>: convert it "
-                f"with `mulo-convert tar-ar-dtok ... --cond-len <one of them>`"
-            )
-        scale = shape.token_counts.index(config.cond_len)  # one cond_len: check_configs compared them
-    return scale
-
-
-def check_configs(model_set: ModelSet, configs: dict, t5_dim: int | None) -> None:
-    """Raise unless the roles' configs fit together (module docstring)."""
-
-    def where(role: str) -> str:
-        return f"{role} ({model_set.folders[role] / CONFIG_NAME})"
-
-    prefix = f"model set '{model_set.name}': "
-    vq = configs.get("vq")
-    if vq is not None:
-        size, dim = vq.codebook_size, vq.codebook_embed_dim
-        for role, config in configs.items():
-            if role in GPT_ROLES and config.vocab_size != size:
-                raise ValueError(
-                    f"{prefix}{where(role)} predicts vocab_size {config.vocab_size} token ids, but the vq "
-                    f"({model_set.folders['vq']}) has codebook_size {size}: both must come from one tokenizer"
-                )
-            if role in SAMPLERS and (config.codebook_size, config.code_dim) != (size, dim):
-                raise ValueError(
-                    f"{prefix}{where(role)} was trained for codebook_size {config.codebook_size} and "
-                    f"code_dim {config.code_dim}, but the vq has codebook_size {size} and codebook_embed_dim "
-                    f"{dim}"
-                )
-    gpts = {role: config for role, config in configs.items() if role in GPT_ROLES}
-    if "target" in gpts and "eagle_head" in configs:
-        head, target = configs["eagle_head"], gpts["target"]
-        trained = {f: getattr(head, f) for f in ("vocab_size", "grid_size", "dim")}
-        actual = {f: getattr(target, f) for f in trained}
-        if trained != actual:
-            raise ValueError(
-                f"{prefix}{where('eagle_head')} was trained for a target with {trained}; the target has "
-                f"{actual}"
-            )
-    if "target" in gpts:
-        target = gpts["target"]
-        height, width = target.grid_size
-        for role, config in gpts.items():
-            r = SCALES.get(role)
-            if r is None:
-                continue
-            wanted = (height // r, width // r)
-            if height % r or width % r or tuple(config.grid_size) != wanted:
-                what = "the target's grid" if r == 1 else f"the target's {height}x{width} grid over r={r}"
-                raise ValueError(
-                    f"{prefix}{where(role)} has grid_size {list(config.grid_size)}, but {what} is "
-                    f"{list(wanted)}: a {role} decodes {'the same' if r == 1 else f'1/{r}'} of the target's "
-                    f"resolution"
-                )
-            if config.vocab_size != target.vocab_size:
-                raise ValueError(
-                    f"{prefix}{where(role)} has vocab_size {config.vocab_size}, the target "
-                    f"{target.vocab_size}"
-                )
-        for role in SAMPLERS:
-            if role in configs and configs[role].codebook_size != target.vocab_size:
-                raise ValueError(
-                    f"{prefix}{where(role)} has codebook_size {configs[role].codebook_size}, but the target "
-                    f"predicts {target.vocab_size} token ids"
-                )
-    for role in SAMPLERS:
-        if role in configs and configs[role].r != SCALES[role]:
-            raise ValueError(
-                f"{prefix}{where(role)} has r={configs[role].r}; role {role} needs r={SCALES[role]}"
-            )
-    check_conditions(prefix, gpts, where, t5_dim)
-
-
-def check_conditions(prefix: str, gpts: dict, where, t5_dim: int | None) -> None:
-    """One condition kind and prefix for every GPT (they decode one caption together); T5 width."""
-    kinds = {role: config.cond_type for role, config in gpts.items()}
-    if len(set(kinds.values())) > 1:
+def _check_device(model_set: ModelSet, device: str | torch.device) -> None:
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
         raise ValueError(
-            f"{prefix}the GPTs take different conditions {kinds}; they decode one caption together"
+            f"model set '{model_set.name}' loads on {device}, but this machine has no CUDA device: set "
+            f"models.device=cpu (and models.dtype=float32: bfloat16 is slow on CPUs)"
         )
-    for field_name in ("cond_len", "caption_dim", "cond_vocab_size"):
-        values = {role: getattr(config, field_name) for role, config in gpts.items()}
-        if len(set(values.values())) > 1:
-            raise ValueError(
-                f"{prefix}the GPTs disagree on {field_name} {values}: one encoded caption conditions them "
-                f"all (convert them with the same --cls-token-num)"
-            )
-    if t5_dim is None:
-        return
-    for role, config in gpts.items():
-        if config.cond_type == "t5" and config.caption_dim != t5_dim:
-            raise ValueError(
-                f"{prefix}{where(role)} takes caption_dim {config.caption_dim}, but the text_encoder gives "
-                f"{t5_dim}-d T5 features (d_model): use the T5 the GPT was trained with (LlamaGen's: "
-                f"flan-t5-xl)"
-            )
+
+
+def _with_condition_roles(configs: dict, names: list[str]) -> list[str]:
+    """`names` and the roles the GPTs' conditions come from: the text encoder for T5 features, the MLLM for
+    TA-Tok features (and for the TA-Tok file, which is read into it)."""
+    kinds = {config.cond_type for name, config in configs.items() if name in GPT_ROLES}
+    names = list(names)
+    if "t5" in kinds and TEXT_ENCODER not in names:
+        names.append(TEXT_ENCODER)
+    if ("tatok" in kinds or TATOK in names) and MLLM not in names:
+        names.append(MLLM)
+    return names
+
+
+def _load_text_encoder(model_set: ModelSet, configs: dict, device, dtype: torch.dtype) -> T5TextEncoder:
+    """The set's T5 encoder, its captions as long as the T5-conditioned GPTs' prefix (check_configs made
+    it one length); without such a GPT, T5's own default length."""
+    t5 = [name for name, config in configs.items() if name in GPT_ROLES and config.cond_type == "t5"]
+    lengths = {configs[name].cond_len for name in t5} or {None}
+    kwargs = {} if None in lengths else {"max_length": lengths.pop()}
+    return T5TextEncoder(model_set.folders[TEXT_ENCODER], device, dtype, **kwargs)
+
+
+def _load_mllm(model_set: ModelSet, device, scale: int) -> TarMLLM:
+    """Tar's MLLM with the set's TA-Tok file, writing the tokens of TA-Tok scale `scale`."""
+    from mulo_sd.tar.mllm import TarMLLM  # transformers' Qwen2: only for sets that have one
+
+    return TarMLLM.from_pretrained(
+        model_set.folders[MLLM],
+        model_set.folders[TATOK],
+        device=str(device),
+        dtype=model_set.dtype,
+        scale=scale,
+    )

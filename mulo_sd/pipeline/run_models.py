@@ -12,7 +12,9 @@ import dataclasses
 from pathlib import Path
 
 from mulo_sd.nets.io import CONFIG_NAME
-from mulo_sd.pipeline.model_set import DRAFTERS, SAMPLERS, Models, check_configs, load_model_set
+from mulo_sd.pipeline.model_set import Models, load_model_set
+from mulo_sd.pipeline.roles import DRAFTERS, SAMPLERS
+from mulo_sd.pipeline.set_checks import check_configs
 
 SWAPPABLE = (*DRAFTERS, "eagle_head", *SAMPLERS)
 

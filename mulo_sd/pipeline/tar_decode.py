@@ -24,7 +24,8 @@ from mulo_sd.decoding.methods import DecodeResult
 from mulo_sd.decoding.sampling import SamplerConfig
 from mulo_sd.decoding.stats import DecodeStats
 from mulo_sd.pipeline.decode_entry import decode
-from mulo_sd.pipeline.model_set import MLLM, Models
+from mulo_sd.pipeline.model_set import Models
+from mulo_sd.pipeline.roles import MLLM
 
 STAGES = ("mllm", "ar_dtok")
 

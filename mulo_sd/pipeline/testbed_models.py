@@ -13,16 +13,9 @@ from pathlib import Path
 
 import torch
 
-from mulo_sd.pipeline.model_set import (
-    DRAFTERS,
-    MODEL_CLASSES,
-    SAMPLERS,
-    TESTBED_DIR,
-    Models,
-    ModelSet,
-    load_model_set,
-    train_command,
-)
+from mulo_sd.pipeline.folder_hints import train_command
+from mulo_sd.pipeline.model_set import Models, ModelSet, load_model_set
+from mulo_sd.pipeline.roles import DRAFTERS, MODEL_CLASSES, SAMPLERS, TESTBED_DIR
 
 __all__ = [
     "DRAFTERS", "MODEL_CLASSES", "SAMPLERS", "TESTBED_DIR", "Models", "available", "image_size",
@@ -40,7 +33,7 @@ def load_models(
 ) -> Models:
     """Load the testbed models in `folder` onto `device`. `names=None` loads every model that exists there;
     a list loads exactly those and raises FileNotFoundError (naming the `mulo-train` command) for a missing
-    one. The models are checked against each other first (model_set.check_configs)."""
+    one. The models are checked against each other first (set_checks.check_configs)."""
     return load_model_set(ModelSet.layout(folder), names, device)
 
 

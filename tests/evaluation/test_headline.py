@@ -25,9 +25,10 @@ import statistics
 import pytest
 
 from mulo_sd.decoding.sampling import SamplerConfig
-from mulo_sd.evaluation.harness import sceneeval_rows
+from mulo_sd.evaluation.quality import sceneeval_rows
 from mulo_sd.pipeline.decode_entry import decode
-from mulo_sd.pipeline.model_set import TESTBED_DIR, ModelSet, load_model_set
+from mulo_sd.pipeline.model_set import ModelSet, load_model_set
+from mulo_sd.pipeline.roles import TESTBED_DIR
 from mulo_sd.testbed.prompts import evaluation_prompts
 
 PROMPTS = 12

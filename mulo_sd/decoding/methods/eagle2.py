@@ -34,6 +34,8 @@ Rows of a batch are decoded one image at a time.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from mulo_sd.decoding.methods.instrumented import DRAFT_HEAD, Recorded
@@ -189,51 +191,85 @@ def _decode_image(target, head, cond, cond_mask, sampler, generator, depth, top_
                 embeddings = _embed(target, values[head_fed:done], rows)
                 tree = _draft(target, head, head_state, fed, embeddings, positions, size, depth, top_k)
                 head_fed = done
-                kept = tree.most_confident(total_tokens)
-            root = done - 1
-            index = {node: j + 1 for j, node in enumerate(kept)}  # node -> its index in the verified tree
-            tokens = [int(values[root])] + [tree.tokens[node] for node in kept]
-            parents = [-1] + [index.get(tree.parents[node], 0) for node in kept]
-            node_positions = [root] + [root + tree.depths[node] for node in kept]
-            stats.tokens_drafted += len(kept)
+                verified = _Verified.of(
+                    tree, tree.most_confident(total_tokens), done - 1, int(values[done - 1])
+                )
+            stats.tokens_drafted += len(verified.tokens) - 1
             with stats.phase("verify"):
                 logits, hidden = target.step_tree(
-                    state, torch.tensor([tokens]), torch.tensor(node_positions), torch.tensor(parents)
+                    state,
+                    torch.tensor([verified.tokens]),
+                    torch.tensor(verified.positions),
+                    torch.tensor(verified.parents),
                 )
                 probs = process_logits(logits[0], sampler)
             with stats.phase("accept"):
-                children: dict[int, list[int]] = {}
-                for j in range(1, len(tokens)):
-                    children.setdefault(parents[j], []).append(j)
-                path, current, p = [0], 0, probs[0]
-                while True:
-                    p = probs[current].clone()
-                    siblings = sorted(children.get(current, []), key=lambda j: -tree.scores[kept[j - 1]])
-                    accepted = None
-                    for j in siblings:
-                        uniform = float(torch.rand(1, generator=generator, device=generator.device))
-                        if uniform < float(p[tokens[j]]):
-                            accepted = j
-                            break
-                        stats.tokens_rejected += 1
-                        p[tokens[j]] = 0.0  # norm(max(0, p - q)) with q the point mass on the draft
-                        total = p.sum()
-                        p = p / total if total > 0 else probs[current]
-                    if accepted is None:
-                        break
-                    path.append(accepted)
-                    current = accepted
-            stats.tokens_accepted += len(path) - 1
-            stats.accepted_per_cycle.append(len(path) - 1)
-            nodes = torch.tensor(path)
-            state.commit_tree(nodes, torch.tensor([node_positions[j] for j in path]) + state.cond_len)
-            for j in path:
-                values[node_positions[j]] = tokens[j]
-                if node_positions[j] + 1 < size:
-                    features[node_positions[j] + 1] = hidden[:, j]
-            position = node_positions[current] + 1
-            if position < size:
-                values[position] = sample(p, generator).cpu()
-                stats.tokens_resampled += 1
-            done = position + 1 if position < size else size
+                path, p = _accept(verified, probs, generator, stats)
+            done = _commit(state, verified, path, p, hidden, values, features, generator, stats)
     return values, stats
+
+
+@dataclass
+class _Verified:
+    """The tree one target call verifies: index 0 is the root (the last committed token), then the kept
+    draft nodes, each with its parent's index, its grid position and its draft confidence."""
+
+    tokens: list[int]
+    parents: list[int]  # index of the parent (-1: the root's)
+    positions: list[int]
+    scores: list[float]  # cumulative log confidence of node j at scores[j - 1] (the root has none)
+
+    @classmethod
+    def of(cls, tree: _Tree, kept: list[int], root: int, root_token: int) -> _Verified:
+        index = {node: j + 1 for j, node in enumerate(kept)}  # node -> its index in the verified tree
+        return cls(
+            tokens=[root_token] + [tree.tokens[node] for node in kept],
+            parents=[-1] + [index.get(tree.parents[node], 0) for node in kept],
+            positions=[root] + [root + tree.depths[node] for node in kept],
+            scores=[tree.scores[node] for node in kept],
+        )
+
+
+def _accept(verified: _Verified, probs: torch.Tensor, generator, stats) -> tuple[list[int], torch.Tensor]:
+    """Recursive rejection sampling over siblings from the root (module docstring, step 3) -> the accepted
+    path of indices (the root first) and the distribution the next token is sampled from."""
+    tokens, children = verified.tokens, {}
+    for j in range(1, len(tokens)):
+        children.setdefault(verified.parents[j], []).append(j)
+    path, current, p = [0], 0, probs[0]
+    while True:
+        p = probs[current].clone()
+        siblings = sorted(children.get(current, []), key=lambda j: -verified.scores[j - 1])
+        accepted = None
+        for j in siblings:
+            uniform = float(torch.rand(1, generator=generator, device=generator.device))
+            if uniform < float(p[tokens[j]]):
+                accepted = j
+                break
+            stats.tokens_rejected += 1
+            p[tokens[j]] = 0.0  # norm(max(0, p - q)) with q the point mass on the draft
+            total = p.sum()
+            p = p / total if total > 0 else probs[current]
+        if accepted is None:
+            return path, p
+        path.append(accepted)
+        current = accepted
+
+
+def _commit(state, verified, path, p, hidden, values, features, generator, stats) -> int:
+    """Commit the accepted path (K/V from the tree slots to the grid slots, tokens, the features the head
+    reads next) and sample the token after it from `p`; -> the committed count."""
+    size, positions = values.shape[0], verified.positions
+    stats.tokens_accepted += len(path) - 1
+    stats.accepted_per_cycle.append(len(path) - 1)
+    nodes = torch.tensor(path)
+    state.commit_tree(nodes, torch.tensor([positions[j] for j in path]) + state.cond_len)
+    for j in path:
+        values[positions[j]] = verified.tokens[j]
+        if positions[j] + 1 < size:
+            features[positions[j] + 1] = hidden[:, j]
+    position = positions[path[-1]] + 1
+    if position < size:
+        values[position] = sample(p, generator).cpu()
+        stats.tokens_resampled += 1
+    return position + 1 if position < size else size

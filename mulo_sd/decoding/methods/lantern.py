@@ -91,30 +91,12 @@ def _decode_image(target, drafter, cond, cond_mask, sampler, generator, k, delta
             stats.cycles += 1
             count = min(draft_len, size - done)
             with stats.phase("draft"):
-                draft_probs = []
-                for p in range(done, done + count):
-                    if p == 0:
-                        logits = drafter_state.first_logits[0]
-                    else:
-                        positions = sorted({p - 1, *drafts.stale(below=p - 1)})
-                        logits = step_grid(drafter, drafter_state, drafts, positions)[positions.index(p - 1)]
-                    draft_probs.append(process_logits(logits, sampler))
-                    drafts.values[p] = sample(draft_probs[-1], generator).cpu()
+                draft_probs = _draft(drafter, drafter_state, drafts, done, count, sampler, generator)
             draft = drafts.values[done : done + count].clone()
             committed.values[done : done + count] = draft
             stats.tokens_drafted += count
             with stats.phase("verify"):
-                # outputs at done - 1 .. done + count - 1 judge the drafts and predict the bonus position
-                predicting = range(max(done - 1, 0), min(done + count, size - 1))
-                positions = sorted({*predicting, *committed.stale(below=predicting.stop)})
-                outputs = {}
-                if positions:
-                    outputs = dict(
-                        zip(positions, step_grid(target, target_state, committed, positions), strict=True)
-                    )
-                rows = [target_state.first_logits[0]] if done == 0 else []
-                rows += [outputs[p - 1] for p in range(max(done, 1), min(done + count + 1, size))]
-                probs = process_logits(torch.stack(rows), sampler)
+                probs = _verify(target, target_state, committed, done, count, sampler)
                 draft_probs = torch.stack(draft_probs)
                 relaxed, pooled = lantern_relaxed_probability(probs[:count], draft, neighbours, k, delta)
                 ratio = relaxed / draft_probs.gather(1, draft[:, None].to(probs.device))[:, 0]
@@ -133,12 +115,49 @@ def _decode_image(target, drafter, cond, cond_mask, sampler, generator, k, delta
                     stats.tokens_rejected += 1
                 elif position < size:
                     committed.values[position] = sample(probs[count], generator).cpu()
-            if position < size:
-                stats.tokens_resampled += 1
-                done = position + 1
-            else:
-                done = size
-            committed.values[done:] = NOTHING
-            drafts.values[:done] = committed.values[:done]
-            drafts.values[done:] = NOTHING
+            done = _commit(committed, drafts, position, stats)
     return committed.values.clone(), stats
+
+
+def _draft(drafter, drafter_state, drafts: SlotGrid, done: int, count: int, sampler, generator) -> list:
+    """The drafter samples positions [done, done + count) serially -> their processed distributions q."""
+    draft_probs = []
+    for p in range(done, done + count):
+        if p == 0:
+            logits = drafter_state.first_logits[0]
+        else:
+            positions = sorted({p - 1, *drafts.stale(below=p - 1)})
+            logits = step_grid(drafter, drafter_state, drafts, positions)[positions.index(p - 1)]
+        draft_probs.append(process_logits(logits, sampler))
+        drafts.values[p] = sample(draft_probs[-1], generator).cpu()
+    return draft_probs
+
+
+def _verify(target, target_state, committed: SlotGrid, done: int, count: int, sampler) -> torch.Tensor:
+    """ONE target `step` over the drafts -> processed p [count + 1, V] (or [count, V] at the grid's end) of
+    every draft position and of the bonus position after the last draft."""
+    size = committed.values.shape[0]
+    # outputs at done - 1 .. done + count - 1 judge the drafts and predict the bonus position
+    predicting = range(max(done - 1, 0), min(done + count, size - 1))
+    positions = sorted({*predicting, *committed.stale(below=predicting.stop)})
+    outputs = {}
+    if positions:
+        outputs = dict(zip(positions, step_grid(target, target_state, committed, positions), strict=True))
+    rows = [target_state.first_logits[0]] if done == 0 else []
+    rows += [outputs[p - 1] for p in range(max(done, 1), min(done + count + 1, size))]
+    return process_logits(torch.stack(rows), sampler)
+
+
+def _commit(committed: SlotGrid, drafts: SlotGrid, position: int, stats) -> int:
+    """Commit the grid up to `position` (sampled by the target unless it is the grid's end) and give the
+    drafter the committed tokens; -> the committed count."""
+    size = committed.values.shape[0]
+    if position < size:
+        stats.tokens_resampled += 1
+        done = position + 1
+    else:
+        done = size
+    committed.values[done:] = NOTHING
+    drafts.values[:done] = committed.values[:done]
+    drafts.values[done:] = NOTHING
+    return done

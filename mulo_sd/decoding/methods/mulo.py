@@ -132,19 +132,7 @@ def decode_mulo(
     """MuLo-SD decoding of the target's grid (module docstring). `neighbours`: a [V, K >= k] table from
     neighbours.py. `l` is used by 'local' only ('naive' means l = 0). Windows and rows_per_cycle: None or
     >= 1."""
-    if rejection not in REJECTIONS:
-        raise ValueError(f"rejection must be one of {REJECTIONS}, got '{rejection}'")
-    if accept_rule not in ACCEPT_RULES:
-        raise ValueError(f"accept_rule must be one of {ACCEPT_RULES}, got '{accept_rule}'")
-    if not 0.0 <= tau <= 1.0:
-        raise ValueError(f"tau must lie in [0, 1] (a probability mass threshold), got {tau}")
-    if l < 0:
-        raise ValueError(f"l must be >= 0 (the local expansion radius), got {l}")
-    windows = {"rows_per_cycle": rows_per_cycle, "draft_window": draft_window}
-    windows["island_zipar_window"] = island_zipar_window
-    for name, value in windows.items():
-        if value is not None and value < 1:
-            raise ValueError(f"{name} must be None or >= 1, got {value}")
+    _check_knobs(rejection, accept_rule, tau, l, rows_per_cycle, draft_window, island_zipar_window)
     r = _check_models(target, drafter, upsampler, downsampler)
     drafter_sampler = sampler if drafter_cfg_scale is None else replace(sampler, cfg_scale=drafter_cfg_scale)
     check_neighbour_knobs(neighbours, k, target.vocab_size)
@@ -170,6 +158,26 @@ def decode_mulo(
         stats = image.stats if stats is None else stats.add(image.stats)
     tokens = torch.stack(images).view(cond.shape[0], *target.grid_size).to(cond.device)
     return finish(tokens, stats, tokenizer)
+
+
+def _check_knobs(rejection, accept_rule, tau, l, rows_per_cycle, draft_window, island_zipar_window) -> None:
+    """Raise unless the modes are known and tau, l and the windows lie in their ranges."""
+    if rejection not in REJECTIONS:
+        raise ValueError(f"rejection must be one of {REJECTIONS}, got '{rejection}'")
+    if accept_rule not in ACCEPT_RULES:
+        raise ValueError(f"accept_rule must be one of {ACCEPT_RULES}, got '{accept_rule}'")
+    if not 0.0 <= tau <= 1.0:
+        raise ValueError(f"tau must lie in [0, 1] (a probability mass threshold), got {tau}")
+    if l < 0:
+        raise ValueError(f"l must be >= 0 (the local expansion radius), got {l}")
+    windows = {
+        "rows_per_cycle": rows_per_cycle,
+        "draft_window": draft_window,
+        "island_zipar_window": island_zipar_window,
+    }
+    for name, value in windows.items():
+        if value is not None and value < 1:
+            raise ValueError(f"{name} must be None or >= 1, got {value}")
 
 
 def _check_models(target, drafter, upsampler, downsampler) -> int:
