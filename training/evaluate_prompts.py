@@ -1,6 +1,8 @@
 """`mulo-eval` on a prompt file (`prompts.file=...`, docs/real_evaluation.md): sharded, resumable generation
 on every rank (`torchrun --nproc_per_node=N -m mulo_sd.training.evaluate ...`), then on rank 0 the metrics
-over the gathered images, the batch-1 speed pass, the summary and the matched-quality table.
+over the gathered images, the batch-1 speed pass, the summary and the matched-quality table. The inputs are
+checked on every rank first (training/eval_inputs.py), the seeds and the out_dir lock before that
+(training/eval_launch.py).
 """
 
 from __future__ import annotations
@@ -8,17 +10,17 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from mulo_sd.training.eval_inputs import on_every_rank, prepared_inputs
 from omegaconf import DictConfig, OmegaConf
 
 from mulo_sd.decoding.sampling import SamplerConfig
 from mulo_sd.evaluation.generation import gather_records, generate
-from mulo_sd.evaluation.harness import Evaluation, markdown_table
-from mulo_sd.evaluation.metrics.clip_score import load_clip
-from mulo_sd.evaluation.metrics.fid import load_feature_extractor, reference_statistics
+from mulo_sd.evaluation.harness import Evaluation
+from mulo_sd.evaluation.metrics.fid import reference_statistics
 from mulo_sd.evaluation.metrics.images import load_image
-from mulo_sd.evaluation.prompt_sets import load_prompt_set
 from mulo_sd.evaluation.ranks import barrier, broadcast, close_ranks, init_ranks
-from mulo_sd.evaluation.real_evaluate import QualitySetup, matched_split_table, score_prompt_set
+from mulo_sd.evaluation.real_evaluate import matched_split_table, score_prompt_set
+from mulo_sd.evaluation.tables import markdown_table
 from mulo_sd.pipeline.decode_entry import required_models
 from mulo_sd.pipeline.model_set import ModelSet, load_model_set
 
@@ -26,21 +28,21 @@ log = logging.getLogger(__name__)
 
 
 def run_prompt_file(cfg: DictConfig, runs: list) -> tuple[Evaluation, list[dict] | None] | None:
-    """Generate on every rank, score on rank 0: (evaluation, matched table or None) there, None elsewhere."""
+    """Generate on every rank, score on rank 0: (evaluation, matched table or None) there, None elsewhere.
+    Every rank checks the inputs before any model loads, and a failure on any stops them all before any
+    decode (training/eval_inputs.py)."""
     rank, world_size, device = init_ranks(cfg.device)
     try:
         # every rank writes into rank 0's folder (each rank's Hydra run folder has its own time and pid)
         out_dir = Path(broadcast(str(cfg.out_dir)))
+        prompt_set, setup = on_every_rank(lambda: prepared_inputs(cfg, rank, device))
+        if prompt_set.skipped and rank == 0:
+            log.warning("skipped %d %s in %s", prompt_set.skipped, prompt_set.skip_reason, prompt_set.source)
         model_set = ModelSet.from_config(OmegaConf.to_container(cfg.models, resolve=True))
         names = list(dict.fromkeys(name for r in runs for name in required_models(r.method, r.knobs)))
         models = load_model_set(model_set, names, device)
-        p = cfg.prompts
-        prompt_set = load_prompt_set(p.file, p.format, p.count, p.seed, p.get("images"))
-        if prompt_set.skipped and rank == 0:
-            log.warning("skipped %d %s in %s", prompt_set.skipped, prompt_set.skip_reason, prompt_set.source)
         seeds = list(cfg.seeds)
         sampler = SamplerConfig(**OmegaConf.to_container(cfg.sampler, resolve=True))
-        setup = quality_setup(cfg, device) if rank == 0 else None  # a missing file fails before any decode
         counts = generate(
             models, runs, prompt_set.prompts, seeds, sampler, out_dir / "images", rank, world_size,
             batch_size=cfg.generate.batch_size, warmup=cfg.warmup, progress=cfg.progress,
@@ -68,23 +70,6 @@ def run_prompt_file(cfg: DictConfig, runs: list) -> tuple[Evaluation, list[dict]
         return evaluation, matched_table(cfg, evaluation, out_dir)
     finally:
         close_ranks()
-
-
-def quality_setup(cfg: DictConfig, device) -> QualitySetup:
-    setup = QualitySetup(batch_size=cfg.metric_batch_size, device=device)
-    if cfg.fid.get("extractor"):
-        if not cfg.fid.get("reference"):
-            raise ValueError(
-                "fid.extractor is set but fid.reference is not: a folder of real images or an .npz"
-            )
-        if not Path(cfg.fid.reference).exists():
-            raise FileNotFoundError(f"fid.reference not found: {cfg.fid.reference}")
-        setup.fid_extractor = load_feature_extractor(cfg.fid.extractor, device)
-    if cfg.clip.get("model"):
-        setup.clip = load_clip(cfg.clip.model, device)
-    if setup.fid_extractor is None and setup.clip is None:
-        log.warning("no quality metric: set fid.extractor (+ fid.reference) and/or clip.model")
-    return setup
 
 
 def matched_table(cfg: DictConfig, evaluation: Evaluation, out_dir: Path) -> list[dict] | None:

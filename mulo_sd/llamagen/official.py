@@ -11,7 +11,7 @@ File layouts:
 Unpickling: `torch.load(weights_only=True)` with exactly one class allowed beyond tensors and plain
 containers, `argparse.Namespace` (LlamaGen's "args"), so loading a file cannot run code from it. A file that
 needs any other class is refused with those classes named; `trust_pickle=True` (`mulo-convert --trust-pickle`)
-unpickles it fully, for files from a source the user trusts.
+unpickles it fully, for files from a source the user trusts (mulo_sd/nets/safe_files.py).
 
 The family of a file (`FAMILIES`) is read off the key names of its weights, so a file given to the loader of
 another family is refused before any model is built.
@@ -20,13 +20,13 @@ another family is refused before any model is built.
 from __future__ import annotations
 
 import argparse
-import pickle
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from mulo_sd.nets.safe_files import UnreadableTorchFile, UnsafePickleError, load_torch_file
 
 FAMILIES = {
     "llamagen-vq": "a LlamaGen VQ tokenizer",
@@ -36,6 +36,7 @@ FAMILIES = {
 CONVERT_COMMANDS = {family: f"mulo-convert {family}" for family in FAMILIES}
 WEIGHT_SETS = ("model", "ema")
 SAFE_GLOBALS = [argparse.Namespace]  # LlamaGen pickles its training args; nothing else is let through
+TRUST_OPT_IN = "--trust-pickle (mulo-convert) or trust_pickle=True"
 # Where "model" weights sit, in LlamaGen's sample scripts' order (DDP, DeepSpeed, Lightning)
 MODEL_KEYS = ("model", "module", "state_dict")
 
@@ -146,28 +147,6 @@ def _is_state(value) -> bool:
 
 def _load(path: Path, trust_pickle: bool):
     try:
-        if trust_pickle:
-            return torch.load(path, map_location="cpu", weights_only=False)
-        with torch.serialization.safe_globals(SAFE_GLOBALS):
-            return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as error:
-        needed = _unsafe_globals(path)
-        if not needed:
-            raise OfficialCheckpointError(f"{path} is not a readable torch checkpoint ({error})") from None
-        raise OfficialCheckpointError(
-            f"{path} needs {needed} to unpickle, beyond tensors and argparse.Namespace. Unpickling other "
-            f"classes can run code stored in the file, so it was not loaded; if you trust where the file "
-            f"came from, pass --trust-pickle (mulo-convert) or trust_pickle=True"
-        ) from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile) as error:
-        raise OfficialCheckpointError(f"{path} is not a readable torch checkpoint ({error})") from None
-
-
-def _unsafe_globals(path: Path) -> list[str]:
-    """Classes and functions the file's pickle names beyond the allowed ones ([] if unknown)."""
-    allowed = {f"{g.__module__}.{g.__qualname__}" for g in SAFE_GLOBALS}
-    try:
-        found = torch.serialization.get_unsafe_globals_in_checkpoint(path)
-    except Exception:  # a legacy or damaged file: the caller reports it as unreadable
-        return []
-    return sorted(set(found) - allowed)
+        return load_torch_file(path, opt_in=TRUST_OPT_IN, trust_pickle=trust_pickle, allowed=SAFE_GLOBALS)
+    except (UnsafePickleError, UnreadableTorchFile) as error:
+        raise OfficialCheckpointError(str(error)) from None

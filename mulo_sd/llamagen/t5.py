@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 from mulo_sd.nets.dtypes import resolve_dtype
+from mulo_sd.nets.safe_files import check_pickled_weights
 
 T5_MAX_LENGTH = 120  # LlamaGen's t5_feature_max_len and --cls-token-num
 FEATURES_MEMBER = "t5.npy"  # webdataset member of pretokenized shards: valid T5 rows, float32 [n, D]
@@ -170,7 +171,8 @@ def t5_feature_width(folder: str | Path) -> int:
 
 def check_t5_folder(folder: Path) -> None:
     """Raise FileNotFoundError naming what to put where unless `folder` holds a T5 config, tokenizer and
-    weights."""
+    weights; UnsafePickleError when those weights would not load without running code
+    (mulo_sd/nets/safe_files.py)."""
     hint = T5_FILES_HINT.format(folder=folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"T5 folder {folder} not found: {hint}")
@@ -184,3 +186,4 @@ def check_t5_folder(folder: Path) -> None:
         missing.append("model.safetensors (or pytorch_model.bin, or shards with their index)")
     if missing:
         raise FileNotFoundError(f"T5 folder {folder} lacks {', '.join(missing)}: {hint}")
+    check_pickled_weights(folder, "T5EncoderModel")

@@ -20,15 +20,18 @@ import torch.nn as nn
 import torch.nn.functional as F
 from PIL import Image
 
+from mulo_sd.nets.safe_files import load_torch_file
 from mulo_sd.nets.upsampler import check_codebook_match
 
 MODES = ("bicubic", "bilinear", "lanczos")
+SR_TRUST_OPT_IN = "trust_pickle=True (PixelUpsampler, load_sr_model) or save it with torch.export / torch.jit"
 
 
-def load_sr_model(path: str | Path, device: torch.device) -> nn.Module:
+def load_sr_model(path: str | Path, device: torch.device, trust_pickle: bool = False) -> nn.Module:
     """A super-resolution network from a local file: a torch.export program (`.pt2`, torch.export.save), a
-    TorchScript archive (torch.jit.save) or a whole pickled module (torch.save(model); only load files you
-    trust, unpickling runs code)."""
+    TorchScript archive (torch.jit.save) or, with `trust_pickle`, a whole pickled module (torch.save(model)):
+    unpickling a module runs code named in the file, so such a file is refused without it
+    (mulo_sd/nets/safe_files.py)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(
@@ -42,7 +45,7 @@ def load_sr_model(path: str | Path, device: torch.device) -> nn.Module:
         n.endswith("/constants.pkl") for n in zipfile.ZipFile(path).namelist()
     ):
         return torch.jit.load(str(path), map_location=device).eval()
-    model = torch.load(path, map_location=device, weights_only=False)
+    model = load_torch_file(path, opt_in=SR_TRUST_OPT_IN, trust_pickle=trust_pickle, map_location=device)
     if not isinstance(model, nn.Module):
         raise ValueError(
             f"{path} holds a {type(model).__name__}, not a network: save the whole module "
@@ -68,19 +71,29 @@ class PixelUpsampler:
     """Up-sample tokens through pixels: `upsample(ids [B, h, w]) -> ids [B, r*h, r*w]`. With `sr_model_path`
     the file's network does the enlarging and `mode` is unused; it must map [B, 3, H, W] in [-1, 1] to
     [B, 3, r*H, r*W] (wrap a [0, 1] network as `lambda x: net((x + 1) / 2) * 2 - 1`; export a torch.export
-    program with dynamic height and width if prefixes of several sizes are up-sampled).
+    program with dynamic height and width if prefixes of several sizes are up-sampled). trust_pickle: let a
+    pickled module file load (load_sr_model).
 
     A plain object, not an nn.Module: it has no weights of its own, works on the VQ's device, and exported
     programs refuse the train()/eval() calls a parent module would pass on to them."""
 
-    def __init__(self, vq, r: int, mode: str = "bicubic", sr_model_path: str | Path | None = None):
+    def __init__(
+        self,
+        vq,
+        r: int,
+        mode: str = "bicubic",
+        sr_model_path: str | Path | None = None,
+        trust_pickle: bool = False,
+    ):
         if r < 2:
             raise ValueError(f"r must be >= 2 (the scale between the grids), got {r}")
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got '{mode}'")
         self.vq, self.r, self.mode = vq, r, mode
         device = vq.codebook.device
-        self.sr_model = load_sr_model(sr_model_path, device) if sr_model_path is not None else None
+        self.sr_model = None
+        if sr_model_path is not None:
+            self.sr_model = load_sr_model(sr_model_path, device, trust_pickle)
         self.sr_model_path = sr_model_path
 
     @property

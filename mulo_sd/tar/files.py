@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import json
 import math
-import pickle
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
+from mulo_sd.nets.safe_files import check_pickled_weights, load_torch_file
 
 MLLM_TYPES = ("qwen2",)  # config.json model_type of Tar-1.5B / Tar-7B (Qwen2.5 checkpoints)
 SCALES = 3  # Tar's scale tokens <S0>, <S1>, <S2>: 729, 169, 81 codes for its 27 x 27 grid
@@ -26,7 +25,8 @@ TAR_FILES_HINT = {
 
 
 def check_mllm_folder(folder: str | Path) -> None:
-    """Raise unless `folder` holds the config.json of a Qwen2-family causal LM, naming the file and field."""
+    """Raise unless `folder` holds the config.json of a Qwen2-family causal LM, naming the file and field,
+    and weights that load without running code (mulo_sd/nets/safe_files.py)."""
     path = Path(folder) / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: {TAR_FILES_HINT['mllm'].format(path=folder)}")
@@ -40,6 +40,7 @@ def check_mllm_folder(folder: str | Path) -> None:
             f"{path}: model_type is {model_type!r}, but Tar's MLLM is a Qwen2-family causal LM "
             f"(model_type one of {list(MLLM_TYPES)}): is this the folder of another model?"
         )
+    check_pickled_weights(folder, "Qwen2ForCausalLM")
 
 
 @dataclass
@@ -56,12 +57,7 @@ def read_tatok_shape(path: str | Path) -> TATokShape:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"TA-Tok file {path} not found: {TAR_FILES_HINT['tatok'].format(path=path)}")
-    try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError) as error:  # not a torch file of plain tensors
-        raise ValueError(
-            f"{path} is not a readable TA-Tok checkpoint ({type(error).__name__}: {error})"
-        ) from None
+    checkpoint = load_torch_file(path, mmap=True)  # raises naming the file: unreadable, or not plain tensors
     spec = checkpoint.get("model") if isinstance(checkpoint, dict) else None
     state = spec.get("sd") if isinstance(spec, dict) else None
     if not isinstance(state, dict):

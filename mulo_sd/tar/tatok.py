@@ -19,18 +19,20 @@ rows = 27 x 27 for so400m-patch14-384), average-pooled by pool_scale = scale + 1
 tok/ta_tok.py `avg_pool`): 27, 13 and 9 codes a side for the scale tokens <S0>, <S1>, <S2>.
 
 File layout (`ta_tok.pth`): `torch.save({"model": {"args": {...}, "sd": state_dict}})`, read with
-`weights_only=True` (nothing but tensors and plain containers is unpickled) and `mmap=True`: the file also
-holds the SigLIP2 encoder (`encoder.*`), which generation does not need.
+`weights_only=True` (nothing but tensors and plain containers is unpickled; a file that needs more is refused
+naming what: mulo_sd/nets/safe_files.py) and `mmap=True`: the file also holds the SigLIP2 encoder
+(`encoder.*`), which generation does not need.
 """
 
 from __future__ import annotations
 
-import pickle
 from pathlib import Path
 
 import torch
 from torch import nn
 from transformers import Siglip2VisionConfig, Siglip2VisionModel
+
+from mulo_sd.nets.safe_files import UnreadableTorchFile, UnsafePickleError, load_torch_file
 
 CODEBOOK_KEY = "bottleneck.regularizer.embedding.weight"
 ENCODER_POSITIONS_KEY = "encoder.embeddings.position_embedding.weight"
@@ -151,16 +153,9 @@ def _read(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
             f"TA-Tok checkpoint {path} not found (ta_tok.pth from huggingface.co/csuhan/TA-Tok)"
         )
     try:
-        try:
-            checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        except RuntimeError as error:  # files in torch's legacy format cannot be memory-mapped
-            if "mmap" not in str(error):
-                raise
-            checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError) as error:
-        raise TATokError(
-            f"{path} is not a readable torch checkpoint of tensors and plain containers ({error})"
-        ) from None
+        checkpoint = load_torch_file(path, mmap=True)
+    except (UnsafePickleError, UnreadableTorchFile) as error:
+        raise TATokError(str(error)) from None
     spec = checkpoint.get("model") if isinstance(checkpoint, dict) else None
     if not isinstance(spec, dict) or not isinstance(spec.get("sd"), dict):
         found = (

@@ -1,3 +1,5 @@
+import hashlib
+
 import numpy as np
 import pytest
 import torch
@@ -9,6 +11,7 @@ from mulo_sd.evaluation.metrics.fid import (
     INCEPTION_URL,
     FIDStatistics,
     extract_features,
+    extractor_fingerprint,
     frechet_distance,
     load_feature_extractor,
     load_statistics,
@@ -134,3 +137,36 @@ def test_a_missing_clip_folder_names_it_and_how_to_get_it(tmp_path):
         FileNotFoundError, match=r"CLIP model folder not found \(no config\.json\): .*nope.*save_pretrained"
     ):
         load_clip(tmp_path / "nope")
+
+
+def test_cached_reference_statistics_are_keyed_by_the_extractor_files_content(
+    extractor_file, tmp_path, monkeypatch
+):
+    import mulo_sd.evaluation.metrics.fid as fid
+
+    other = tmp_path / "other_extractor.pt2"  # the same network class with other weights
+    program = torch.export.load(extractor_file)
+    with torch.no_grad():
+        for tensor in program.state_dict.values():
+            tensor.mul_(2)
+    torch.export.save(program, other)
+    real = save_images(tmp_path / "real", random_images(20, 4))
+    cache = tmp_path / "ref.npz"
+    first = reference_statistics(load_feature_extractor(extractor_file), tmp_path / "real", 16, cache=cache)
+    extractor = load_feature_extractor(other)
+    second = reference_statistics(extractor, tmp_path / "real", 16, cache=cache)
+    assert torch.allclose(second.mu, extract_features(extractor, real).mean(0))  # recomputed, not reused
+    assert not torch.allclose(first.mu, second.mu)
+    with np.load(cache) as data:
+        source = str(data["source"])
+    assert hashlib.sha256(other.read_bytes()).hexdigest() in source and "16 px" in source
+    assert "centre-cropped square, bicubic resize" in source
+    torch.manual_seed(0)  # a module of the caller's own: keyed by its class and weights
+    assert extractor_fingerprint(torch.nn.Linear(2, 2)) != extractor_fingerprint(torch.nn.Linear(2, 2))
+
+    def no_extraction(*args, **kwargs):
+        raise AssertionError("the cached statistics of this extractor file must be reused")
+
+    monkeypatch.setattr(fid, "extract_features", no_extraction)
+    again = reference_statistics(load_feature_extractor(other), tmp_path / "real", 16, cache=cache)
+    assert torch.equal(again.mu, second.mu)

@@ -245,14 +245,14 @@ def test_pixel_samplers_match_direct_resizing():
 def test_pixel_upsampler_with_sr_model(tmp_path):
     vq = tiny_vq()
     torch.save(nn.Upsample(scale_factor=2, mode="nearest"), tmp_path / "sr.pt")
-    sampler = PixelUpsampler(vq, 2, sr_model_path=tmp_path / "sr.pt")
+    sampler = PixelUpsampler(vq, 2, sr_model_path=tmp_path / "sr.pt", trust_pickle=True)  # a pickled module
     ids = grid(2, 2)
     nearest = nn.functional.interpolate(vq.decode(ids), scale_factor=2, mode="nearest")
     assert torch.equal(sampler.upsample(ids), vq.encode(nearest))
 
     torch.save(nn.Upsample(scale_factor=3), tmp_path / "x3.pt")
     with pytest.raises(ValueError, match=r"turned \(2, 3, 16, 16\) into \(2, 3, 48, 48\), expected"):
-        PixelUpsampler(vq, 2, sr_model_path=tmp_path / "x3.pt").upsample(ids)
+        PixelUpsampler(vq, 2, sr_model_path=tmp_path / "x3.pt", trust_pickle=True).upsample(ids)
     torch.save(nn.Conv2d(3, 3, 1).state_dict(), tmp_path / "weights.pt")
     with pytest.raises(ValueError, match="holds a OrderedDict, not a network"):
         PixelUpsampler(vq, 2, sr_model_path=tmp_path / "weights.pt")

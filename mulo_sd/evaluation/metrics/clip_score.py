@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from mulo_sd.evaluation.metrics.images import image_batches
+from mulo_sd.nets.safe_files import check_pickled_weights
 
 HOW_TO_GET = (
     "save a CLIP model and its processor there on a machine with internet, e.g. "
@@ -22,13 +23,21 @@ HOW_TO_GET = (
 )
 
 
+def check_clip_folder(folder: str | Path) -> Path:
+    """`folder`, after checking that it holds a CLIP config and weights that load without running code
+    (mulo_sd/nets/safe_files.py); errors name the folder or file and what to do."""
+    folder = Path(folder)
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"CLIP model folder not found (no config.json): {folder}; {HOW_TO_GET}")
+    check_pickled_weights(folder, "CLIPModel")
+    return folder
+
+
 def load_clip(folder: str | Path, device: str | torch.device = "cpu"):
     """(CLIPModel, CLIPProcessor) from `folder`, local files only."""
     from transformers import CLIPModel, CLIPProcessor
 
-    folder = Path(folder)
-    if not (folder / "config.json").is_file():
-        raise FileNotFoundError(f"CLIP model folder not found (no config.json): {folder}; {HOW_TO_GET}")
+    folder = check_clip_folder(folder)
     model = CLIPModel.from_pretrained(folder, local_files_only=True).to(device).eval()
     # the slow (PIL) image processor: the reference implementation the published CLIP scores used
     processor = CLIPProcessor.from_pretrained(folder, local_files_only=True, use_fast=False)

@@ -14,13 +14,20 @@ Feature extractors:
 Features are extracted once per image and the distance is torchmetrics' own computation over them, so
 the subsets of one set of images (dev and test prompts) cost no second pass through the extractor.
 
+The Inception weights file is a pickle, which torch-fidelity unpickles fully: it is read with
+weights_only=True first and refused, naming the classes it needs, when it holds more than tensors (unless
+`fid.trust_pickle=true`; mulo_sd/nets/safe_files.py).
+
 Reference statistics: `mu` [D] and `sigma` [D, D] (and `count`) in an `.npz` file, the layout pytorch-fid
 and clean-fid write; `reference_statistics` computes them from a folder of real images (centre-cropped and
-resized to the generated images' size) and caches them in such a file.
+resized to the generated images' size) and caches them in such a file, keyed by the extractor file's sha256
+and the preprocessing.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import pickle
 import zipfile
 from dataclasses import dataclass
@@ -30,14 +37,17 @@ import numpy as np
 import torch
 from torch import nn
 
-from mulo_sd.evaluation.metrics.images import image_batches, image_files
+from mulo_sd.evaluation.metrics.images import REFERENCE_PREPROCESSING, image_batches, image_files
+from mulo_sd.nets.safe_files import UnreadableTorchFile, load_torch_file
 
 INCEPTION_FILE = "weights-inception-2015-12-05-6726825d.pth"
 INCEPTION_URL = f"https://github.com/toshas/torch-fidelity/releases/download/v0.2.0/{INCEPTION_FILE}"
+TRUST_OPT_IN = "fid.trust_pickle=true"
+FINGERPRINT = "fid_extractor_sha256"  # the attribute load_feature_extractor sets: its file's sha256
 
 
-def load_feature_extractor(path: str | Path, device: str | torch.device = "cpu") -> nn.Module:
-    """The FID Inception from its weights file, or a torch.export `.pt2` module (module docstring)."""
+def check_extractor_file(path: str | Path) -> Path:
+    """`path`, after checking that the feature extractor file exists (the error says where to get it)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(
@@ -45,20 +55,52 @@ def load_feature_extractor(path: str | Path, device: str | torch.device = "cpu")
             f"(91 MB): download {INCEPTION_URL} on a machine with internet and pass its path as "
             "fid.extractor=<path>; nothing is downloaded at run time."
         )
+    return path
+
+
+def load_feature_extractor(
+    path: str | Path, device: str | torch.device = "cpu", trust_pickle: bool = False
+) -> nn.Module:
+    """The FID Inception from its weights file, or a torch.export `.pt2` module (module docstring). A weights
+    file whose pickle needs more than tensors and plain containers is refused unless `trust_pickle`
+    (`fid.trust_pickle=true`): unpickling it could run code stored in it. The module carries the file's
+    sha256 (`extractor_fingerprint`)."""
+    path = check_extractor_file(path)
+    data = path.read_bytes()
     if path.suffix == ".pt2":
-        return torch.export.load(path).module().to(device)
+        extractor = torch.export.load(io.BytesIO(data)).module()
+    else:
+        extractor = _inception(path, data, trust_pickle)
+    setattr(extractor, FINGERPRINT, hashlib.sha256(data).hexdigest())
+    return extractor.to(device)
+
+
+def _inception(path: Path, data: bytes, trust_pickle: bool) -> nn.Module:
     from torchmetrics.image.fid import NoTrainInceptionV3
 
+    neither = f"{path} is neither the FID Inception weights ({INCEPTION_FILE}) nor a torch.export .pt2 file"
     try:
-        extractor = NoTrainInceptionV3(
-            name="inception-v3-compat", features_list=["2048"], feature_extractor_weights_path=str(path)
+        if not trust_pickle:  # torch-fidelity unpickles fully (weights_only=False): check the bytes first
+            load_torch_file(path, opt_in=TRUST_OPT_IN, data=data)
+        # the bytes just checked, not the file again
+        weights = io.BytesIO(data)
+        return NoTrainInceptionV3(
+            name="inception-v3-compat", features_list=["2048"], feature_extractor_weights_path=weights
         )
-    except (RuntimeError, pickle.UnpicklingError, zipfile.BadZipFile) as error:
-        raise ValueError(
-            f"{path} is neither the FID Inception weights ({INCEPTION_FILE}) nor a torch.export .pt2 "
-            f"file: {str(error).splitlines()[0]}"
-        ) from None
-    return extractor.to(device)
+    except (UnreadableTorchFile, RuntimeError, pickle.UnpicklingError, zipfile.BadZipFile) as error:
+        raise ValueError(f"{neither}: {str(error).splitlines()[0]}") from None
+
+
+def extractor_fingerprint(extractor: nn.Module) -> str:
+    """sha256 of the file `extractor` was loaded from (load_feature_extractor), else of its class and
+    weights: what reference statistics computed with it are keyed by."""
+    digest = getattr(extractor, FINGERPRINT, None)
+    if digest is not None:
+        return digest
+    hasher = hashlib.sha256(type(extractor).__qualname__.encode())
+    for name, tensor in extractor.state_dict().items():
+        hasher.update(name.encode() + tensor.detach().cpu().flatten().view(torch.uint8).numpy().tobytes())
+    return hasher.hexdigest()
 
 
 @torch.no_grad()
@@ -128,13 +170,16 @@ def reference_statistics(
     cache: str | Path | None = None,
 ) -> FIDStatistics:
     """Statistics of `reference`: an `.npz` statistics file, or a folder of real images resized to `size`.
-    A folder's statistics are saved to `cache` and read back from it while folder, file count, size and
-    extractor stay the same."""
+    A folder's statistics are saved to `cache` and read back from it while folder, file count, size, the
+    preprocessing and the extractor (its file's sha256: `extractor_fingerprint`) stay the same."""
     reference = Path(reference)
     if reference.suffix == ".npz":
         return load_statistics(reference)
     files = image_files(reference)
-    source = f"{reference.resolve()} | {len(files)} images | {size} px | {type(extractor).__name__}"
+    source = (
+        f"{reference.resolve()} | {len(files)} images | {REFERENCE_PREPROCESSING} to {size} px | "
+        f"extractor sha256 {extractor_fingerprint(extractor)}"
+    )
     if cache is not None and Path(cache).is_file():
         with np.load(cache) as data:
             if "source" in data and str(data["source"]) == source:

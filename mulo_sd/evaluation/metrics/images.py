@@ -10,6 +10,8 @@ import torch
 from PIL import Image, ImageOps
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
+# what load_image does to an image given a size: part of the key of cached reference statistics
+REFERENCE_PREPROCESSING = "RGB, centre-cropped square, bicubic resize"
 
 
 def image_files(folder: str | Path) -> list[Path]:
