@@ -9,10 +9,13 @@
 Every command that writes shards also writes `sizes.json` ({shard file name: sample count}, as open_clip
 reads it) and prints the brace-expanded shard spec to give the training config. Each shard is written under a
 temporary name and renamed when complete, so an interrupted run leaves no truncated shard behind.
-`synthscenes` refuses a non-empty --out, where scenes of another seed would mix with the new ones:
-`--overwrite` deletes its SynthScenes shards first, `--start-index` adds to shards of the same seed and size.
-`from-folder` stops with an error naming a caption file that is not UTF-8. `verify` fails samples that have
-neither an image nor a `.npy` token grid, and shards without samples.
+`synthscenes` and `from-folder` refuse a non-empty --out, where other shards would mix with the new ones
+(out_folder.py): `--overwrite` deletes the command's own shards first; `synthscenes --start-index` adds to
+shards of the same seed and size. `from-folder` skips (and names) files that do not decode as images and
+stops with an error naming a caption file that is not UTF-8. `verify` (shard_check.py) fails samples that
+have neither an image nor a `.npy` token grid, images beyond the datamodule's size limits (`--max-pixels`,
+`--max-aspect-ratio`, as data.max_pixels and data.max_aspect_ratio), samples without a caption (unless
+`--allow-missing-captions`: data for VQ and sampler training only) and shards without samples.
 
 LAION-COCO-Aesthetic needs no conversion: img2dataset already writes webdataset shards. Download it with
 `img2dataset --url_list <parquet files> --input_format parquet --url_col URL --caption_col <caption column>
@@ -28,19 +31,21 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import glob
 import io
 import json
 import multiprocessing
 import os
 import re
 import sys
-from collections.abc import Iterator
 
 import webdataset as wds
+from mulo_sd.data.from_folder import add_from_folder_arguments, run_from_folder
 from mulo_sd.data.generated import ensure_generated
+from mulo_sd.data.image_limits import DEFAULT_MAX_ASPECT_RATIO, DEFAULT_MAX_PIXELS, ImageLimits
+from mulo_sd.data.out_folder import prepare_out_folder
 from mulo_sd.data.pretokenize import add_pretokenize_arguments, run_pretokenize
-from mulo_sd.data.shards import SIZES_NAME, check_shard, expand_spec, shard_spec, update_sizes, write_shards
+from mulo_sd.data.shard_check import ShardReport, check_shard
+from mulo_sd.data.shards import SIZES_NAME, expand_spec, shard_spec, update_sizes, write_shards
 from tqdm import tqdm
 
 from mulo_sd.testbed.synthscenes import MIN_SIZE, render_scene
@@ -48,8 +53,6 @@ from mulo_sd.testbed.synthscenes import MIN_SIZE, render_scene
 SYNTHSCENES_PREFIX = "synthscenes"
 SYNTHSCENES_MANIFEST = "synthscenes.json"  # written by ensure_synthscenes
 SYNTHSCENES_SHARD = re.compile(rf"{SYNTHSCENES_PREFIX}-(\d+)\.tar")
-# Image files from-folder accepts, and the webdataset extension each is stored under (bytes untouched).
-FOLDER_IMAGE_EXTENSIONS = {".jpg": "jpg", ".jpeg": "jpg", ".png": "png", ".webp": "webp"}
 
 
 def synthscenes_sample(index: int, seed: int, size: int) -> dict:
@@ -133,34 +136,34 @@ def synthscenes_shards(folder: str) -> dict[str, int]:
 def prepare_synthscenes_folder(args: argparse.Namespace) -> None:
     """Keep scenes of other arguments out of `args.out`: refuse a non-empty folder, clear its SynthScenes with
     --overwrite, or with --start-index check that it holds only shards of scenes of the same arguments."""
-    entries = sorted(os.listdir(args.out)) if os.path.isdir(args.out) else []
-    if not entries:
-        return
-    if args.overwrite:
-        ours = glob.glob(os.path.join(glob.escape(args.out), f"{SYNTHSCENES_PREFIX}-*.tar*"))
-        for path in [*ours, os.path.join(args.out, SYNTHSCENES_MANIFEST)]:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(path)
-        if os.path.isfile(os.path.join(args.out, SIZES_NAME)):
-            update_sizes(args.out, {})  # drops the deleted shards, keeps any other shards' entries
-        return
-    shards = synthscenes_shards(args.out)
-    if args.start_index > 0 and shards and set(entries) <= {*shards, SIZES_NAME}:
-        new = range(
-            args.start_index // args.shard_size, (args.start_index + args.count - 1) // args.shard_size + 1
-        )
-        taken = [name for name, number in shards.items() if number in new]
-        if taken:
-            raise SystemExit(
-                f"mulo-data synthscenes: {args.out} already holds {taken[0]}: use another --start-index"
-            )
-        name, number = next(iter(shards.items()))
-        check_same_scenes(os.path.join(args.out, name), number, args)
-        return
-    raise SystemExit(
-        f"mulo-data synthscenes: {args.out} is not empty ({len(entries)} entries, e.g. {entries[0]}): pass "
-        "--overwrite to replace its SynthScenes, or --start-index to add scenes of the same --seed and --size"
+    prepare_out_folder(
+        "synthscenes",
+        args.out,
+        SYNTHSCENES_PREFIX,
+        args.overwrite,
+        owned=[SYNTHSCENES_MANIFEST],
+        may_add=functools.partial(adds_to_same_scenes, args),
+        alternative=", or --start-index to add scenes of the same --seed and --size",
     )
+
+
+def adds_to_same_scenes(args: argparse.Namespace, entries: list[str]) -> bool:
+    """Whether --start-index adds new shards to a folder of scenes of the same arguments (raises when the
+    folder holds them but the new shard numbers are taken or the scenes differ)."""
+    shards = synthscenes_shards(args.out)
+    if not (args.start_index > 0 and shards and set(entries) <= {*shards, SIZES_NAME}):
+        return False
+    new = range(
+        args.start_index // args.shard_size, (args.start_index + args.count - 1) // args.shard_size + 1
+    )
+    taken = [name for name, number in shards.items() if number in new]
+    if taken:
+        raise SystemExit(
+            f"mulo-data synthscenes: {args.out} already holds {taken[0]}: use another --start-index"
+        )
+    name, number = next(iter(shards.items()))
+    check_same_scenes(os.path.join(args.out, name), number, args)
+    return True
 
 
 def check_same_scenes(shard: str, number: int, args: argparse.Namespace) -> None:
@@ -203,60 +206,6 @@ def ensure_synthscenes(out: str, count: int, seed: int, size: int, shard_size: i
     return shard_spec(out, [f"{SYNTHSCENES_PREFIX}-{i:06d}.tar" for i in range(-(-count // shard_size))])
 
 
-def add_from_folder_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--images",
-        required=True,
-        help="folder searched recursively for jpg/jpeg/png/webp; a caption is the .txt file "
-        "with the image's stem next to it (optional)",
-    )
-    parser.add_argument("--out", required=True, help="output directory for the shards and sizes.json")
-    parser.add_argument("--shard-size", type=int, default=1000, help="samples per shard")
-    parser.add_argument("--prefix", default="images", help="shard file name prefix")
-
-
-def folder_samples(images_dir: str) -> Iterator[dict]:
-    """Samples of every image under `images_dir` in sorted path order, keyed by relative path.
-
-    Dots in a path would split the webdataset key, so the key replaces them with underscores.
-    """
-    paths = sorted(
-        os.path.join(root, name)
-        for root, _, names in os.walk(images_dir)
-        for name in names
-        if os.path.splitext(name)[1].lower() in FOLDER_IMAGE_EXTENSIONS
-    )
-    if not paths:
-        raise SystemExit(f"mulo-data from-folder: no jpg/jpeg/png/webp images under {images_dir}")
-    seen: dict[str, str] = {}
-    for path in paths:
-        stem, extension = os.path.splitext(path)
-        key = os.path.relpath(stem, images_dir).replace(os.sep, "/").replace(".", "_")
-        if key in seen:
-            raise SystemExit(f"mulo-data from-folder: {seen[key]} and {path} map to the same key {key!r}")
-        seen[key] = path
-        with open(path, "rb") as f:
-            sample = {"__key__": key, FOLDER_IMAGE_EXTENSIONS[extension.lower()]: f.read()}
-        if os.path.exists(stem + ".txt"):
-            try:
-                with open(stem + ".txt", encoding="utf-8") as f:
-                    sample["txt"] = f.read().strip().encode("utf-8")
-            except UnicodeDecodeError as error:  # stop: a guessed encoding would store a garbled caption
-                raise SystemExit(
-                    f"mulo-data from-folder: caption {stem}.txt is not UTF-8 ({error}); re-save it as UTF-8"
-                ) from None
-        yield sample
-
-
-def run_from_folder(args: argparse.Namespace) -> int:
-    if not os.path.isdir(args.images):
-        raise SystemExit(f"mulo-data from-folder: --images {args.images} is not a directory")
-    sizes = write_shards(folder_samples(args.images), args.out, args.prefix, args.shard_size)
-    print(f"wrote {sum(sizes.values())} images to {len(sizes)} shards")
-    print(shard_spec(args.out, sizes))
-    return 0
-
-
 def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("spec", help="shard spec (dir/name-{000000..000009}.tar) or a directory")
     parser.add_argument(
@@ -264,35 +213,73 @@ def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also write sizes.json (samples per readable shard) next to the shards",
     )
+    parser.add_argument(
+        "--allow-missing-captions",
+        action="store_true",
+        help="pass samples without a (non-blank) .txt caption, for data that trains only caption-free "
+        "modules (VQ, samplers): without it they are listed and fail the check",
+    )
+    parser.add_argument(
+        "--max-pixels",
+        type=int,
+        default=DEFAULT_MAX_PIXELS,
+        help="images with more pixels are listed as too large (as data.max_pixels, which skips them)",
+    )
+    parser.add_argument(
+        "--max-aspect-ratio",
+        type=float,
+        default=DEFAULT_MAX_ASPECT_RATIO,
+        help="images more elongated (long side : short side) are listed as too large (data.max_aspect_ratio)",
+    )
 
 
 def run_verify(args: argparse.Namespace) -> int:
     try:
         paths = expand_spec(args.spec)
+        limits = ImageLimits(args.max_pixels, args.max_aspect_ratio)
     except ValueError as error:
         raise SystemExit(f"mulo-data verify: {error}") from None
-    total = corrupt = unreadable = empty = 0
+    counts = dict.fromkeys(["total", "corrupt", "too large", "no caption", "unreadable", "empty"], 0)
     sizes_by_dir: dict[str, dict[str, int]] = {}
     for path in tqdm(paths, desc="verify", unit="shard"):
-        report = check_shard(path)
-        total += report.samples
-        corrupt += len(report.corrupt)
-        for key, reason in report.corrupt:
-            print(f"corrupt {path} {key}: {reason}")
-        if report.unreadable is not None:
-            unreadable += 1
-            print(f"unreadable shard {path} ({report.samples} samples read): {report.unreadable}")
-        else:
-            if report.empty:
-                empty += 1
-                print(f"empty shard {path}: a valid tar without samples")
+        report = check_shard(path, limits)
+        print_report(report, counts, list_uncaptioned=not args.allow_missing_captions)
+        if report.unreadable is None:
             sizes_by_dir.setdefault(os.path.dirname(path), {})[os.path.basename(path)] = report.samples
-    print(f"shards: {len(paths)}  unreadable shards: {unreadable}  empty shards: {empty}")
-    print(f"total: {total}  ok: {total - corrupt}  corrupt: {corrupt}")
+    failed = (
+        counts["corrupt"] + counts["too large"] + (0 if args.allow_missing_captions else counts["no caption"])
+    )
+    print(f"shards: {len(paths)}  unreadable shards: {counts['unreadable']}  empty shards: {counts['empty']}")
+    print(
+        f"total: {counts['total']}  ok: {counts['total'] - failed}  corrupt: {counts['corrupt']}  "
+        f"too large: {counts['too large']}  no caption: {counts['no caption']}"
+        + ("  (allowed)" if args.allow_missing_captions else "")
+    )
     if args.write_sizes:
         for directory, sizes in sizes_by_dir.items():
             update_sizes(directory, sizes)
-    return 1 if corrupt or unreadable or empty else 0
+    return 1 if failed or counts["unreadable"] or counts["empty"] else 0
+
+
+def print_report(report: ShardReport, counts: dict[str, int], list_uncaptioned: bool) -> None:
+    """Print one line per bad sample (uncaptioned ones only when `list_uncaptioned`) and add to `counts`."""
+    counts["total"] += report.samples
+    listed = [
+        ("corrupt", report.corrupt),
+        ("too large", report.too_large),
+        ("no caption", report.uncaptioned),
+    ]
+    for kind, samples in listed:
+        counts[kind] += len(samples)
+        if kind != "no caption" or list_uncaptioned:
+            for key, reason in samples:
+                print(f"{kind} {report.path} {key}: {reason}")
+    if report.unreadable is not None:
+        counts["unreadable"] += 1
+        print(f"unreadable shard {report.path} ({report.samples} samples read): {report.unreadable}")
+    elif report.empty:
+        counts["empty"] += 1
+        print(f"empty shard {report.path}: a valid tar without samples")
 
 
 # name -> (add its arguments, run it, one-line help).

@@ -1,4 +1,5 @@
-"""Webdataset shards: write them reproducibly, record their sizes, expand a shard spec, check them.
+"""Webdataset shards: write them reproducibly, record their sizes, expand a shard spec (checking them:
+shard_check.py).
 
 Shards are plain tar files (webdataset's TarWriter) whose members are `<key>.<ext>`. Every tar header
 field is fixed (mtime, owner, mode), so the same samples in the same order give byte-identical shards. Each
@@ -12,22 +13,15 @@ from __future__ import annotations
 
 import contextlib
 import glob
-import io
 import itertools
 import json
 import os
-import tarfile
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 
-import numpy as np
 import webdataset as wds
 from braceexpand import braceexpand
-from PIL import Image
-from webdataset.tariterators import base_plus_ext
 
 SIZES_NAME = "sizes.json"
-IMAGE_EXTENSIONS = {"png", "jpg", "jpeg", "webp"}
 # Fixed tar header fields: the archive bytes depend only on the samples.
 _TAR_HEADER = {"mtime": 0, "user": "mulo-sd", "group": "mulo-sd", "mode": 0o444}
 
@@ -110,93 +104,3 @@ def expand_spec(spec: str) -> list[str]:
             raise ValueError(f"no .tar shards in directory {spec}")
         return paths
     return list(braceexpand(spec))
-
-
-@dataclass
-class ShardReport:
-    """What `check_shard` found: samples read, corrupt (key, reason) pairs, and why the tar is unreadable.
-
-    A sample is corrupt when a member does not decode, or when it has neither an image nor a `.npy` token
-    grid (pre-tokenised shards); a readable tar without samples is `empty`."""
-
-    path: str
-    samples: int = 0
-    corrupt: list[tuple[str, str]] = field(default_factory=list)
-    unreadable: str | None = None
-
-    @property
-    def empty(self) -> bool:
-        return self.unreadable is None and self.samples == 0
-
-
-def _check_member(extension: str, data: bytes) -> None:
-    """Decode one member the way a loader would; raises on bad content."""
-    kind = extension.rsplit(".", 1)[-1]
-    if kind in IMAGE_EXTENSIONS:
-        with Image.open(io.BytesIO(data)) as image:
-            image.load()
-    elif kind == "json":
-        json.loads(data.decode("utf-8"))
-    elif kind == "txt":
-        data.decode("utf-8")
-    elif kind == "npy":
-        np.load(io.BytesIO(data), allow_pickle=False)
-
-
-def _check_sample(report: ShardReport, key: str, members: dict[str, bytes], problem: str | None) -> None:
-    report.samples += 1
-    if problem is not None:
-        report.corrupt.append((key, problem))
-        return
-    for extension in sorted(members):
-        try:
-            _check_member(extension, members[extension])
-        except Exception as error:  # any decoder failure makes the sample corrupt; say which member and why
-            report.corrupt.append((key, f".{extension}: {type(error).__name__}: {error}"))
-            return
-    kinds = {extension.rsplit(".", 1)[-1] for extension in members}
-    if not kinds & (IMAGE_EXTENSIONS | {"npy"}):  # nothing to train on: the datamodule would skip it
-        found = ", ".join(f".{extension}" for extension in sorted(members))
-        report.corrupt.append(
-            (key, f"no image ({'/'.join(sorted(IMAGE_EXTENSIONS))}) or .npy member, only {found}")
-        )
-
-
-def check_shard(path: str) -> ShardReport:
-    """Read every sample of a shard (grouped by key as webdataset does) and decode each member."""
-    report = ShardReport(path)
-    if not os.path.isfile(path):
-        report.unreadable = "no such file"
-        return report
-    key, members, problem = None, {}, None
-    try:
-        with tarfile.open(path, mode="r|") as archive:
-            for info in archive:
-                member_key, extension = base_plus_ext(info.name)
-                if not info.isfile() or member_key is None:
-                    continue
-                data = archive.extractfile(info).read()
-                if member_key != key:
-                    if key is not None:
-                        _check_sample(report, key, members, problem)
-                    key, members, problem = member_key, {}, None
-                extension = extension.lower()
-                if extension in members:
-                    problem = f"duplicate member {info.name}"
-                members[extension] = data
-        if key is not None:
-            _check_sample(report, key, members, problem)
-        _check_end_of_archive(path)
-    except (tarfile.TarError, OSError, EOFError) as error:
-        report.unreadable = f"{type(error).__name__}: {error} (truncated or not a tar file?)"
-    return report
-
-
-def _check_end_of_archive(path: str) -> None:
-    """A tar cut at a member boundary reads without error; its missing zero end blocks give it away."""
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
-        f.seek(max(0, size - 1024))
-        tail = f.read()
-    if size % 512 or len(tail) < 1024 or any(tail):
-        raise tarfile.ReadError("missing end-of-archive blocks")

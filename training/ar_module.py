@@ -96,6 +96,8 @@ def stack_layers(state: dict[str, torch.Tensor], n_source: int, n_target: int) -
 
 
 class ARLightning(L.LightningModule):
+    requires_captions = True  # the datamodule skips captionless samples (data.require_captions=null)
+
     def __init__(
         self,
         gpt: DictConfig,

@@ -50,7 +50,8 @@ from collections.abc import Iterable
 import lightning as L
 import torch
 import webdataset as wds
-from mulo_sd.training.sample_decoding import sample_decoder
+from mulo_sd.data.image_limits import DEFAULT_MAX_ASPECT_RATIO, DEFAULT_MAX_PIXELS, ImageLimits
+from mulo_sd.training.sample_decoding import captions_required, sample_decoder
 from mulo_sd.training.shard_stream import (
     MAX_CONSECUTIVE_FAILURES,
     ConsecutiveFailures,
@@ -109,7 +110,9 @@ class ShardDataModule(L.LightningDataModule):
 
     `max_consecutive_failures`: a training worker raises after this many skipped samples or sample-less
     shards in a row (see the module docstring). `allow_pipe`: accept `pipe:` shard URLs, which run shell
-    commands.
+    commands. `max_pixels`, `max_aspect_ratio`: larger or more elongated images are skipped, read from their
+    header only (data/image_limits.py). `require_captions`: skip samples without a caption; None
+    asks the LightningModule being trained (its `requires_captions`, False when it has none).
     """
 
     def __init__(
@@ -133,6 +136,9 @@ class ShardDataModule(L.LightningDataModule):
         world_size: int | None = None,
         max_consecutive_failures: int = MAX_CONSECUTIVE_FAILURES,
         allow_pipe: bool = False,
+        max_pixels: int = DEFAULT_MAX_PIXELS,
+        max_aspect_ratio: float = DEFAULT_MAX_ASPECT_RATIO,
+        require_captions: bool | None = None,
     ):
         super().__init__()
         positive = {
@@ -143,7 +149,14 @@ class ShardDataModule(L.LightningDataModule):
         }
         check_stream_settings(train_shards, positive, val_samples, num_workers, shuffle_buffer)
         self.decoder = sample_decoder(
-            image_size, extra_sizes, token_keys, token_shapes, load_images, caption_key, caption_features
+            image_size,
+            extra_sizes,
+            token_keys,
+            token_shapes,
+            load_images,
+            caption_key,
+            caption_features,
+            ImageLimits(max_pixels, max_aspect_ratio),
         )
         check_rank(rank, world_size)
 
@@ -159,6 +172,7 @@ class ShardDataModule(L.LightningDataModule):
         self.world_size = world_size
         self.max_consecutive_failures = max_consecutive_failures
         self.allow_pipe = allow_pipe
+        self.require_captions = require_captions
         self.resume_batches = 0  # training batches consumed before this run, from load_state_dict
 
     def rank_and_world_size(self) -> tuple[int, int]:
@@ -169,6 +183,9 @@ class ShardDataModule(L.LightningDataModule):
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             return torch.distributed.get_rank(), torch.distributed.get_world_size()
         return 0, 1
+
+    def trained_module(self) -> L.LightningModule | None:
+        return self.trainer.lightning_module if self.trainer is not None else None
 
     def batches_per_worker(self, world_size: int) -> int:
         batches_per_rank = math.ceil(self.train_samples_per_epoch / (self.batch_size * world_size))
@@ -193,6 +210,7 @@ class ShardDataModule(L.LightningDataModule):
     def train_dataset(self, rank: int, world_size: int) -> wds.DataPipeline:
         start_epoch, consumed = self.resume_point(world_size)
         decoder = copy.copy(self.decoder)  # its own skipped count, apart from the validation set's
+        decoder.require_captions = captions_required(self.require_captions, self.trained_module())
         failures = ConsecutiveFailures(self.max_consecutive_failures)
         shards = wds.ResampledShards(
             expand_shards(self.train_shards, self.allow_pipe),
@@ -220,6 +238,7 @@ class ShardDataModule(L.LightningDataModule):
                 "number of validation batches"
             )
         decoder = copy.copy(self.decoder)
+        decoder.require_captions = captions_required(self.require_captions, self.trained_module())
         stages = [
             wds.SimpleShardList(expand_shards(self.val_shards, self.allow_pipe)),
             wds.tarfile_to_samples(handler=warn_and_continue),

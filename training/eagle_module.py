@@ -28,6 +28,8 @@ from mulo_sd.nets.gpt import GPT
 
 
 class EagleLightning(L.LightningModule):
+    requires_captions = True  # the datamodule skips captionless samples (data.require_captions=null)
+
     def __init__(
         self,
         target: str,

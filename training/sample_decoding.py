@@ -1,10 +1,13 @@
 """One webdataset sample -> the datamodule's decoded sample (datamodule.py): its caption, json attributes,
 image (centre-cropped, plus area-downscaled copies) and token grids, checked; and batches of them.
 
-Bad samples never stop training: an undecodable image, bad json, a token grid of the wrong shape or dtype, or
-a missing required member skips the sample with a rate-limited warning naming its key. Each worker counts
-the samples it skipped; every batch carries that worker's cumulative count as `batch["skipped"]` and the
-worker's index as `batch["worker"]`; `skipped_total` sums the latest count of each worker.
+Bad samples never stop training: an undecodable image, bad json, a token grid of the wrong shape or dtype, a
+missing required member, an image whose header gives a size beyond `ImageLimits` (data/image_limits.py;
+checked before any pixel is decoded, so a 1x20,000 px strip is never upscaled into gigabytes) or, when
+`require_captions`, a missing or blank caption skips the sample with a rate-limited warning naming its key
+and shard. Each worker counts the samples it skipped; every batch carries that worker's cumulative count as
+`batch["skipped"]` and the worker's index as `batch["worker"]`; `skipped_total` sums the latest count of each
+worker.
 
 No Lightning or webdataset here: `mulo-data pretokenize` decodes with the same `SampleDecoder`.
 """
@@ -18,6 +21,7 @@ from collections.abc import Iterable
 
 import numpy as np
 import torch
+from mulo_sd.data.image_limits import ImageLimits
 from PIL import Image
 
 IMAGE_MEMBERS = ("png", "jpg", "jpeg", "webp")  # the first one present is the sample's image
@@ -59,6 +63,8 @@ class SampleDecoder:
         load_images: bool,
         caption_key: str,
         caption_features: str | None = None,
+        limits: ImageLimits | None = None,
+        require_captions: bool = False,
     ):
         self.image_size = image_size
         self.extra_sizes = extra_sizes
@@ -66,6 +72,8 @@ class SampleDecoder:
         self.load_images = load_images
         self.caption_key = caption_key
         self.caption_features = caption_features
+        self.limits = limits or ImageLimits()
+        self.require_captions = require_captions  # the datamodule sets it for the module it feeds
         self.skipped = 0  # each DataLoader worker counts in its own copy
 
     def __call__(self, sample: dict) -> dict | None:
@@ -84,6 +92,11 @@ class SampleDecoder:
 
     def decode(self, sample: dict) -> dict:
         caption = sample[self.caption_key].decode("utf-8").strip() if self.caption_key in sample else ""
+        if self.require_captions and not caption:  # "" would train on the all-padding caption
+            raise ValueError(
+                f"no caption (member {self.caption_key!r} missing or blank), and this module trains on "
+                "captions (data.require_captions=false keeps such samples)"
+            )
         attributes = json.loads(sample["json"]) if "json" in sample else {}
         if not isinstance(attributes, dict):
             raise ValueError(f"json member is a {type(attributes).__name__}, expected an object")
@@ -92,7 +105,10 @@ class SampleDecoder:
             member = next((name for name in IMAGE_MEMBERS if name in sample), None)
             if member is None:
                 raise ValueError(f"missing image member (one of {', '.join(IMAGE_MEMBERS)})")
-            with Image.open(io.BytesIO(sample[member])) as raw:
+            with Image.open(io.BytesIO(sample[member])) as raw:  # reads the header only
+                too_large = self.limits.problem(raw.size)
+                if too_large is not None:
+                    raise ValueError(f"{too_large} (data.max_pixels, data.max_aspect_ratio)")
                 image = center_crop(raw.convert("RGB"), self.image_size)
             decoded["image"] = to_tensor(image)
             for px in self.extra_sizes:
@@ -154,10 +170,11 @@ def sample_decoder(
     load_images: bool,
     caption_key: str,
     caption_features: str | None,
+    limits: ImageLimits | None = None,
 ) -> SampleDecoder:
     """The datamodule's decoder, its settings checked: `extra_sizes` below image_size (downscaled images, so
     they need load_images), an [h, w] in `token_shapes` for each of `token_keys` ("tok16" or "tok16.npy"),
-    and something to load."""
+    and something to load. `limits`: the largest images decoded (default: ImageLimits())."""
     extra_sizes = tuple(int(px) for px in extra_sizes)
     bad_sizes = [px for px in extra_sizes if not 0 < px < image_size]
     if bad_sizes:
@@ -177,4 +194,14 @@ def sample_decoder(
         shapes[name] = tuple(int(n) for n in token_shapes[name])
     if not load_images and not shapes:
         raise ValueError("nothing to load: set load_images=True or give token_keys")
-    return SampleDecoder(image_size, extra_sizes, shapes, load_images, caption_key, caption_features or None)
+    return SampleDecoder(
+        image_size, extra_sizes, shapes, load_images, caption_key, caption_features or None, limits
+    )
+
+
+def captions_required(require_captions: bool | None, module: object | None) -> bool:
+    """`data.require_captions`, or when it is null whether the LightningModule being trained declares
+    `requires_captions` (the AR GPT and EAGLE modules do; VQ and sampler modules train without captions)."""
+    if require_captions is not None:
+        return bool(require_captions)
+    return bool(getattr(module, "requires_captions", False))

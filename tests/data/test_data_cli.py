@@ -198,3 +198,105 @@ def npy_bytes():
     buffer = io.BytesIO()
     np.save(buffer, np.zeros((4, 4), dtype=np.int16))
     return buffer.getvalue()
+
+
+def captioned_and_uncaptioned_shard(directory):
+    samples = [
+        {"__key__": "captioned", "png": open_png(), "txt": b"a red circle"},
+        {"__key__": "nocaption", "png": open_png()},
+        {"__key__": "blank", "png": open_png(), "txt": b" \n"},
+        {"__key__": "tokensonly", "tok4.npy": npy_bytes()},
+    ]
+    write_shards(samples, str(directory), "c", 10)
+    return directory / "c-000000.tar"
+
+
+def test_verify_fails_samples_without_a_caption_unless_allowed(tmp_path, capsys):
+    shard = captioned_and_uncaptioned_shard(tmp_path)
+    assert main(["verify", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert f"no caption {shard} nocaption: no .txt member" in out
+    assert f"no caption {shard} blank: blank .txt member" in out
+    assert f"no caption {shard} tokensonly: no .txt member" in out
+    assert "total: 4  ok: 1  corrupt: 0  too large: 0  no caption: 3" in out
+    assert main(["verify", str(tmp_path), "--allow-missing-captions"]) == 0
+    out = capsys.readouterr().out
+    assert "no caption: 3  (allowed)" in out and "ok: 4" in out and "nocaption:" not in out
+
+
+def png_of(width, height):
+    buffer = io.BytesIO()
+    Image.new("L", (width, height), 7).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def test_verify_lists_images_beyond_the_size_limits_without_decoding_them(tmp_path, capsys):
+    strip = png_of(1, 20000)  # a few hundred bytes; the loader used to upscale it to 20,000 x 20,000 px
+    samples = [
+        {"__key__": "strip", "png": strip, "txt": b"a line"},
+        {"__key__": "wide", "png": png_of(41, 10), "txt": b"a wide one"},
+        {"__key__": "square", "png": png_of(40, 40), "txt": b"a square"},
+    ]
+    write_shards(samples, str(tmp_path), "big", 10)
+    shard = tmp_path / "big-000000.tar"
+    assert main(["verify", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert f"too large {shard} strip: image of 1x20000 px is beyond max_aspect_ratio=4" in out
+    assert f"too large {shard} wide: image of 41x10 px is beyond max_aspect_ratio=4" in out
+    assert "total: 3  ok: 1  corrupt: 0  too large: 2" in out
+    assert main(["verify", str(tmp_path), "--max-aspect-ratio", "20000", "--max-pixels", "20000"]) == 0
+    capsys.readouterr()
+    assert main(["verify", str(tmp_path), "--max-aspect-ratio", "20000", "--max-pixels", "1599"]) == 1
+    assert f"too large {shard} square: image of 40x40 px is over max_pixels=1599" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="max_aspect_ratio >= 1"):
+        main(["verify", str(tmp_path), "--max-aspect-ratio", "0.5"])
+
+
+def test_from_folder_skips_and_names_files_that_are_not_images(tmp_path, capsys):
+    images = tmp_path / "images"
+    images.mkdir()
+    (images / "a_good.png").write_bytes(open_png())
+    (images / "b_empty.png").write_bytes(b"")
+    (images / "c_text.jpg").write_text("this is a web page, not a jpeg")
+    (images / "d_truncated.png").write_bytes(png_of(64, 64)[:60])
+    (images / "e_good.webp").write_bytes(png_of(8, 8))  # the content decides, not the extension
+    out = tmp_path / "out"
+    assert main(["from-folder", "--images", str(images), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert f"skipped {images / 'b_empty.png'}: not a usable image (empty file (0 bytes))" in printed
+    assert f"skipped {images / 'c_text.jpg'}: not a usable image (UnidentifiedImageError" in printed
+    assert f"skipped {images / 'd_truncated.png'}: not a usable image (" in printed
+    assert "wrote 2 images to 1 shards; skipped 3 files" in printed
+    keys = [s["__key__"] for s in wds.WebDataset(str(out / "images-000000.tar"), shardshuffle=False)]
+    assert keys == ["a_good", "e_good"]
+    for name in ["a_good.png", "e_good.webp"]:
+        os.remove(images / name)
+    with pytest.raises(SystemExit, match="none of the 3 image files under .* decodes"):
+        main(["from-folder", "--images", str(images), "--out", str(tmp_path / "none")])
+    assert not (tmp_path / "none").exists()
+
+
+def test_from_folder_refuses_a_folder_of_other_shards_unless_overwrite(tmp_path, capsys):
+    make_synthscenes(tmp_path / "scenes", capsys)
+    scenes = shard_bytes(tmp_path / "scenes")
+    images = tmp_path / "images"
+    images.mkdir()
+    for name in "abc":
+        (images / f"{name}.png").write_bytes(open_png())
+
+    def from_folder(out, *extra):
+        return main(["from-folder", "--images", str(images), "--out", str(out), "--shard-size", "1", *extra])
+
+    with pytest.raises(SystemExit, match="scenes is not empty .*pass --overwrite to delete its images-"):
+        from_folder(tmp_path / "scenes")
+    assert shard_bytes(tmp_path / "scenes") == scenes  # sizes.json not merged either
+    assert from_folder(tmp_path / "photos") == 0
+    os.remove(images / "c.png")
+    with pytest.raises(SystemExit, match="photos is not empty"):
+        from_folder(tmp_path / "photos")
+    assert from_folder(tmp_path / "photos", "--overwrite") == 0
+    assert sorted(os.listdir(tmp_path / "photos")) == ["images-000000.tar", "images-000001.tar", "sizes.json"]
+    assert json.loads((tmp_path / "photos" / "sizes.json").read_text()) == {
+        "images-000000.tar": 1,
+        "images-000001.tar": 1,
+    }

@@ -1,8 +1,11 @@
 import io
 import json
 import pickle
+import resource
 import threading
+import time
 import warnings
+from types import SimpleNamespace
 
 import hydra
 import lightning as L
@@ -11,9 +14,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 import webdataset as wds
+from mulo_sd.training.ar_module import ARLightning
 from mulo_sd.training.datamodule import ShardDataModule
+from mulo_sd.training.eagle_module import EagleLightning
 from mulo_sd.training.sample_decoding import skipped_total
-from PIL import Image
+from mulo_sd.training.sampler_module import SamplerLightning
+from mulo_sd.training.vq_module import VQLightning
+from PIL import Image, ImageFile
 
 from tests.helpers import compose_train_config
 
@@ -289,6 +296,7 @@ def test_lightning_fit_and_checkpoint_state(shards, tmp_path):
         (dict(load_images=False), "nothing to load"),
         (dict(rank=2, world_size=2), "0 <= rank < world_size"),
         (dict(batch_size=0), "batch_size must be >= 1"),
+        (dict(max_aspect_ratio=0.5), "max_pixels must be >= 1 and max_aspect_ratio >= 1"),
     ],
 )
 def test_bad_arguments(shards, overrides, message):
@@ -376,3 +384,95 @@ def test_laion_config_refuses_pipe_specs_unless_allowed(shards, tmp_path):
         compose_train_config(tmp_path, [*overrides, "data.allow_pipe=true"]).data
     )
     assert next(iter(allowed.train_dataloader()))["image"].shape == (2, 3, IMAGE_SIZE, IMAGE_SIZE)
+
+
+class CaptionedMeanImage(MeanImage):
+    requires_captions = True  # as the AR GPT and EAGLE modules
+
+    def training_step(self, batch, batch_idx):
+        assert all(batch["caption"]), "a captionless sample reached a module that needs captions"
+        return super().training_step(batch, batch_idx)
+
+
+def attached(dm, module):
+    """`dm` as trainer.fit attaches it to a trainer of `module` (a LightningModule class will do here)."""
+    dm.trainer = SimpleNamespace(lightning_module=module, global_rank=0, world_size=1)
+    return dm
+
+
+def quiet_val_keys(dm):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return keys(dm.val_dataloader())
+
+
+def test_captionless_samples_are_skipped_for_modules_that_need_captions(tmp_path):
+    items = [sample(i) for i in range(4)]
+    del items[1]["txt"]
+    items[2]["txt"] = " \n"
+    write_shard(tmp_path / "mixed.tar", items)
+    spec = f"{tmp_path}/mixed.tar"
+    everything, captioned = ["s0000", "s0001", "s0002", "s0003"], ["s0000", "s0003"]
+    for module in [ARLightning, EagleLightning]:
+        dm = attached(make(tmp_path, train_shards=spec, val_shards=spec), module)
+        with pytest.warns(UserWarning, match=f"'s0001' of {spec}: ValueError: no caption \\(member 'txt'"):
+            (batch,) = list(dm.val_dataloader())
+        assert batch["key"] == captioned and batch["skipped"].item() == 2
+    for module in [VQLightning, SamplerLightning]:  # they train without captions: "" is fine
+        dm = attached(make(tmp_path, train_shards=spec, val_shards=spec), module)
+        assert quiet_val_keys(dm) == everything, module
+    for require, module, wanted in [(False, ARLightning, everything), (True, VQLightning, captioned)]:
+        dm = make(tmp_path, train_shards=spec, val_shards=spec, require_captions=require)
+        assert quiet_val_keys(attached(dm, module)) == wanted, (require, module)
+    dm = make(tmp_path, train_shards=spec, val_shards=spec, require_captions=True)  # no trainer attached
+    assert quiet_val_keys(dm) == captioned
+    # a real fit: the training stream skips them and counts them in the skipped count (train/skipped_samples)
+    dm = make(tmp_path, train_shards=spec, val_shards=None, batch_size=2, train_samples_per_epoch=4)
+    trainer = L.Trainer(
+        max_epochs=1,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(CaptionedMeanImage(), datamodule=dm)
+        batches = list(dm.train_dataset(0, 1))
+    assert set(keys(batches)) == set(captioned) and batches[-1]["skipped"].item() > 0
+
+
+def strip_png(width: int, height: int) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, height), (9, 99, 199)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def test_images_beyond_the_size_limits_are_skipped_from_their_header(tmp_path, monkeypatch):
+    strip = {**sample(0, prefix="strip"), "png": strip_png(1, 20000)}  # a few kB
+    wide = {**sample(1, prefix="wide"), "png": strip_png(41, 10)}
+    write_shard(tmp_path / "long.tar", [strip, wide, sample(2), sample(3)])
+    spec = f"{tmp_path}/long.tar"
+    loaded = []  # the size of every image decoded
+    load = ImageFile.ImageFile.load
+    monkeypatch.setattr(ImageFile.ImageFile, "load", lambda image: loaded.append(image.size) or load(image))
+    decoder = make(tmp_path, train_shards=spec, image_size=128).decoder
+    raw = next(iter(wds.DataPipeline(wds.SimpleShardList([spec]), wds.tarfile_to_samples())))
+    peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    start = time.perf_counter()
+    with pytest.warns(UserWarning, match=f"'strip0000' of {spec}: ValueError: image of 1x20000 px is beyond"):
+        assert decoder(raw) is None  # it was upscaled to 128 x 2,560,000 px: 10 s and 2.2 GB
+    assert time.perf_counter() - start < 0.2
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak_before < 100_000  # kB
+    assert loaded == [] and decoder.skipped == 1
+    dm = make(tmp_path, train_shards=spec, val_shards=spec)
+    with pytest.warns(UserWarning, match="'wide0001'.*image of 41x10 px is beyond max_aspect_ratio=4"):
+        (batch,) = list(dm.val_dataloader())
+    assert batch["key"] == ["s0002", "s0003"] and batch["skipped"].item() == 2
+    assert (1, 20000) not in loaded and (41, 10) not in loaded
+    # the limits are data.max_pixels and data.max_aspect_ratio; the other images are 64x32
+    for overrides, kept in [({"max_aspect_ratio": 41 / 10}, 3), ({"max_pixels": 64 * 32 - 1}, 0)]:
+        dm = make(tmp_path, train_shards=spec, val_shards=spec, **overrides)
+        assert len(quiet_val_keys(dm)) == kept, overrides
