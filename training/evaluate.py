@@ -19,23 +19,20 @@ from pathlib import Path
 import hydra
 import torch
 from mulo_sd.training.config import CONFIG_DIR
+from mulo_sd.training.eval_launch import checked_launch
 from mulo_sd.training.evaluate_prompts import run_prompt_file
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
 from mulo_sd.decoding.sampling import SamplerConfig
-from mulo_sd.evaluation.harness import (
-    MATCHED_COLUMNS,
-    Evaluation,
-    evaluate,
-    expand_runs,
-    markdown_table,
-    matched_quality_table,
-)
+from mulo_sd.evaluation.harness import Evaluation, evaluate
+from mulo_sd.evaluation.matched_quality import MATCHED_COLUMNS, matched_quality_table
 from mulo_sd.evaluation.paired import Bootstrap
-from mulo_sd.evaluation.tables import INTERVAL_NOTE, with_intervals
+from mulo_sd.evaluation.runs import expand_runs
+from mulo_sd.evaluation.tables import INTERVAL_NOTE, markdown_table, with_intervals
 from mulo_sd.pipeline.decode_entry import required_models
-from mulo_sd.pipeline.model_set import ModelSet, load_model_set, train_command
+from mulo_sd.pipeline.folder_hints import train_command
+from mulo_sd.pipeline.model_set import ModelSet, load_model_set
 from mulo_sd.pipeline.testbed_models import image_size
 from mulo_sd.testbed.prompts import evaluation_prompts
 
@@ -48,6 +45,7 @@ class EvalRun:
     matched: list[dict] | None  # the matched-quality table, when configured and SceneEval scores exist
 
 
+@checked_launch  # the seeds checked and out_dir locked before anything loads
 def run(cfg: DictConfig) -> EvalRun | None:
     """Evaluate the configured runs; write the files into `cfg.out_dir` (plus matched.md); log to W&B when
     `cfg.logger` has a `wandb` entry. With `prompts.file` the prompts come from that file
@@ -169,7 +167,7 @@ def fd_ar_seeds_of(cfg: DictConfig, has_sceneeval: bool) -> list[int]:
 
 
 def write_matched(evaluation: Evaluation, matched: dict, out_dir: Path) -> list[dict]:
-    """The matched-quality table (mulo_sd.evaluation.harness.matched_quality_table) into matched.md, also
+    """The matched-quality table (mulo_sd.evaluation.matched_quality_table) into matched.md, also
     printed."""
     rule, reference = matched.get("rule", "interval"), matched.get("reference", "ar")
     table = matched_quality_table(

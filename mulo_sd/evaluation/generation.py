@@ -67,9 +67,8 @@ def generate(
     progress: bool = True,
 ) -> GenerationCounts:
     """Decode this rank's share of every (run, prompt, seed) that is not done yet (module docstring).
-    `runs`: mulo_sd.evaluation.harness.RunSpec; `warmup` decodes of the first batch per run, dropped, before
-    a run's
-    first timed batch (only when it has work left)."""
+    `runs`: mulo_sd.evaluation.runs.RunSpec; `warmup` decodes of the first batch per run, dropped, before a
+    run's first timed batch (only when it has work left)."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if not 0 <= rank < world_size:
@@ -77,14 +76,7 @@ def generate(
     mine = prompts[rank::world_size]
     folders = run_folders(Path(images_dir), runs)
     counts = GenerationCounts()
-    work = {}
-    for run in runs:
-        done, bad = read_records(folders[run.label])
-        counts.bad_lines += bad
-        work[run.label] = [
-            (seed, [p for p in mine if (p.index, seed) not in done]) for seed in seeds
-        ]  # fmt: skip
-        counts.resumed += len(mine) * len(seeds) - sum(len(todo) for _, todo in work[run.label])
+    work = {run.label: _pending(folders[run.label], mine, seeds, counts) for run in runs}
     total = sum(len(todo) for label in work for _, todo in work[label])
     bar = tqdm(total=total, unit="image", disable=not progress or rank != 0, file=sys.stderr)
     for run in runs:
@@ -101,24 +93,44 @@ def generate(
             decode(run.method, models, [p.text for p in batch], run.knobs, sampler, seed)
         for seed, batch in batches:
             bar.set_postfix_str(f"{run.label}, seed {seed}", refresh=False)
-            result = decode(run.method, models, [p.text for p in batch], run.knobs, sampler, seed)
-            stats = result.stats.as_dict()
-            records = []
-            for prompt, image in zip(batch, result.image, strict=True):
-                path = sample_path(run_dir, prompt.index, seed)
-                save_sample(tensor_to_pil(image), path)
-                records.append({
-                    "family": run.family, "label": run.label, "method": run.method,
-                    "knobs": json.dumps(run.knobs, sort_keys=True), "prompt_index": prompt.index,
-                    "prompt": prompt.text, "seed": seed, "rank": rank,
-                    "image": str(path.relative_to(run_dir)),
-                    **stats, "image_wall_s": stats["wall_s"] / len(batch),
-                })  # fmt: skip
-            append_records(run_dir / f"stats.rank{rank}.jsonl", records)
+            _decode_batch(models, run, batch, seed, sampler, run_dir, rank)
             counts.decoded += len(batch)
             bar.update(len(batch))
     bar.close()
     return counts
+
+
+def _pending(
+    run_dir: Path, mine: list[PromptRecord], seeds: list[int], counts: GenerationCounts
+) -> list[tuple[int, list[PromptRecord]]]:
+    """(seed, the prompts of `mine` still to decode under it) per seed for one run folder; counts the images
+    found done (resumed) and the unreadable statistics lines."""
+    done, bad = read_records(run_dir)
+    counts.bad_lines += bad
+    work = [(seed, [p for p in mine if (p.index, seed) not in done]) for seed in seeds]
+    counts.resumed += len(mine) * len(seeds) - sum(len(todo) for _, todo in work)
+    return work
+
+
+def _decode_batch(
+    models, run, batch: list[PromptRecord], seed: int, sampler: SamplerConfig, run_dir: Path, rank: int
+) -> None:
+    """Decode one batch, write its PNGs, then append their records to the rank's statistics file (an image
+    counts as done once both exist)."""
+    result = decode(run.method, models, [p.text for p in batch], run.knobs, sampler, seed)
+    stats = result.stats.as_dict()
+    records = []
+    for prompt, image in zip(batch, result.image, strict=True):
+        path = sample_path(run_dir, prompt.index, seed)
+        save_sample(tensor_to_pil(image), path)
+        records.append({
+            "family": run.family, "label": run.label, "method": run.method,
+            "knobs": json.dumps(run.knobs, sort_keys=True), "prompt_index": prompt.index,
+            "prompt": prompt.text, "seed": seed, "rank": rank,
+            "image": str(path.relative_to(run_dir)),
+            **stats, "image_wall_s": stats["wall_s"] / len(batch),
+        })  # fmt: skip
+    append_records(run_dir / f"stats.rank{rank}.jsonl", records)
 
 
 def append_records(path: Path, records: list[dict]) -> None:

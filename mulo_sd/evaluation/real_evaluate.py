@@ -32,21 +32,16 @@ import torch
 from torch import nn
 
 from mulo_sd.decoding.sampling import SamplerConfig
-from mulo_sd.evaluation.harness import (
-    Evaluation,
-    evaluate,
-    markdown_table,
-    matched_runs,
-    plot_grid,
-    plot_speed_quality,
-    reference_run,
-    summarize,
-    write_csv,
-)
+from mulo_sd.evaluation.harness import Evaluation, evaluate
+from mulo_sd.evaluation.matched_quality import matched_runs
 from mulo_sd.evaluation.metrics.clip_score import clip_score
 from mulo_sd.evaluation.metrics.fid import FIDStatistics, extract_features, frechet_distance
 from mulo_sd.evaluation.metrics.images import load_image
 from mulo_sd.evaluation.prompt_sets import PromptRecord, PromptSet, split_dev_test
+from mulo_sd.evaluation.runs import reference_run
+from mulo_sd.evaluation.summaries import summarize
+from mulo_sd.evaluation.tables import markdown_table
+from mulo_sd.evaluation.writers import plot_grid, plot_speed_quality, write_csv
 from mulo_sd.testbed.prompts import Prompt
 
 SPEED_COLUMNS = (

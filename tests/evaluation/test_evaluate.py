@@ -10,18 +10,13 @@ from PIL import Image
 
 from mulo_sd.decoding.accept import ACCEPT_RULES
 from mulo_sd.decoding.sampling import SamplerConfig
-from mulo_sd.evaluation.harness import (
-    RunSpec,
-    add_ratios,
-    evaluate,
-    expand_runs,
-    matched_quality_table,
-    reference_run,
-    summarize,
-)
+from mulo_sd.evaluation.harness import evaluate
+from mulo_sd.evaluation.matched_quality import matched_quality_table
+from mulo_sd.evaluation.runs import RunSpec, expand_runs, reference_run
+from mulo_sd.evaluation.summaries import add_ratios, summarize
 from mulo_sd.pipeline.testbed_models import load_models
 from mulo_sd.testbed.prompts import EVAL_SEED, evaluation_prompts
-from mulo_sd.testbed.sceneeval import parse_caption, score
+from mulo_sd.testbed.scene_checks import parse_caption, score
 from mulo_sd.testbed.synthscenes import render_scene
 from tests.helpers import read_csv
 from tests.training.test_decode_cli import at, compose, save_tiny_testbed

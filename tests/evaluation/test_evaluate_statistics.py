@@ -11,15 +11,11 @@ from omegaconf import OmegaConf
 from scipy.stats import bootstrap
 
 from mulo_sd.decoding.sampling import SamplerConfig
-from mulo_sd.evaluation.harness import (
-    RunSpec,
-    add_ratios,
-    evaluate,
-    expand_runs,
-    matched_quality_table,
-    summarize,
-)
+from mulo_sd.evaluation.harness import evaluate
+from mulo_sd.evaluation.matched_quality import matched_quality_table
 from mulo_sd.evaluation.paired import Bootstrap
+from mulo_sd.evaluation.runs import RunSpec, expand_runs
+from mulo_sd.evaluation.summaries import add_ratios, summarize
 from mulo_sd.evaluation.tables import ablation_groups
 from mulo_sd.nets.upsampler import Upsampler
 from mulo_sd.pipeline.decode_entry import decode

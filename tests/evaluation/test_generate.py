@@ -10,8 +10,8 @@ import mulo_sd.evaluation.generation as generation
 from mulo_sd.decoding.sampling import SamplerConfig
 from mulo_sd.evaluation.generation import gather_records, generate, read_records, run_folder_name
 from mulo_sd.evaluation.geneval_format import list_samples, sample_path
-from mulo_sd.evaluation.harness import RunSpec
 from mulo_sd.evaluation.prompt_sets import load_prompt_set
+from mulo_sd.evaluation.runs import RunSpec
 from mulo_sd.pipeline.decode_entry import decode, tensor_to_pil
 from mulo_sd.pipeline.testbed_models import load_models
 from mulo_sd.testbed.prompts import pil_to_tensor

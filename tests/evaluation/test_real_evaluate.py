@@ -2,6 +2,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -11,11 +12,13 @@ from PIL import Image
 
 from mulo_sd.decoding.sampling import SamplerConfig
 from mulo_sd.evaluation.generation import gather_records, generate, read_records
-from mulo_sd.evaluation.harness import RunSpec, expand_runs, reference_run
 from mulo_sd.evaluation.prompt_sets import load_prompt_set
 from mulo_sd.evaluation.real_evaluate import matched_split_table, prompt_splits
+from mulo_sd.evaluation.runs import RunSpec, expand_runs, reference_run
+from mulo_sd.nets.safe_files import UnsafePickleError
 from mulo_sd.pipeline.testbed_models import load_models
 from tests.helpers import read_csv
+from tests.pickle_fixtures import save_hostile
 from tests.real_eval_helpers import (
     save_tiny_clip,
     save_tiny_extractor,
@@ -107,6 +110,35 @@ def test_missing_metric_files_fail_before_any_decode(files, tmp_path, monkeypatc
         run(compose("evaluate", tmp_path, overrides))
 
 
+def test_an_empty_prompt_file_a_bad_seed_or_an_unsafe_inception_fail_before_any_model_loads(
+    files, tmp_path, monkeypatch
+):
+    import mulo_sd.training.evaluate_prompts as evaluate_prompts
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model loaded")
+
+    monkeypatch.setattr(evaluate_prompts, "load_model_set", refuse)
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n  \n")
+    as_lines = [f"prompts.file={empty}", "prompts.format=lines", "prompts.count=null", "prompts.images=null"]
+    overrides = [*coco_overrides(files, tmp_path / "out"), *as_lines]
+    with pytest.raises(ValueError, match=rf"prompts.file={empty} holds no lines prompts \(2 skipped: blank"):
+        run(compose("evaluate", tmp_path, overrides))
+    overrides = [*coco_overrides(files, tmp_path / "out"), "seeds=[99999999999999999999999]"]
+    with pytest.raises(ValueError, match=r"seeds=\[99999999999999999999999\] holds .*\[0, 2\*\*63-1\]"):
+        run(compose("evaluate", tmp_path, overrides))
+    marker = tmp_path / "marker"
+    save_hostile(tmp_path / "inception.pth", marker)
+    overrides = [*coco_overrides(files, tmp_path / "out"), f"fid.extractor={tmp_path / 'inception.pth'}"]
+    with pytest.raises(
+        UnsafePickleError, match=r"inception\.pth needs .*open'\].*pass fid\.trust_pickle=true"
+    ):
+        run(compose("evaluate", tmp_path, overrides))
+    assert not marker.exists()
+    assert compose("evaluate", tmp_path, [*overrides, "fid.trust_pickle=true"]).fid.trust_pickle is True
+
+
 def test_matched_split_table_picks_on_dev_and_reports_test():
     def entry(split, family, setting, speedup, score):
         label = f"{family} {setting}".strip()
@@ -187,3 +219,31 @@ def test_torchrun_two_process_evaluation_matches_one_process(files, tmp_path):
     one, two = (read_csv(tmp_path / name / "summary.csv") for name in ("one", "two"))
     for a, b in zip(one, two, strict=True):
         assert a["fid"] == b["fid"] and a["clip_score"] == b["clip_score"]
+
+
+def _rank_of_an_evaluation(rank, port, overrides, tmp_path):
+    """One rank of a 2-process `mulo-eval`; its error (if any) is written to rank<rank>.error."""
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    try:
+        run(compose("evaluate", tmp_path / f"rank{rank}", overrides))
+    except Exception as error:
+        (tmp_path / f"rank{rank}.error").write_text(f"{type(error).__name__}: {error}")
+
+
+@pytest.mark.slow
+def test_a_missing_metric_file_stops_every_rank_before_any_decode(files, tmp_path):
+    out = tmp_path / "out"
+    overrides = [*coco_overrides(files, out), f"clip.model={tmp_path / 'no_clip'}"]
+    ranks = torch.multiprocessing.spawn(
+        _rank_of_an_evaluation, args=(_free_port(), overrides, tmp_path), nprocs=2, join=False
+    )
+    deadline = time.monotonic() + 120  # spawning and importing take most of it; decoding would take longer
+    while not ranks.join(timeout=5):
+        if time.monotonic() > deadline:
+            for process in ranks.processes:
+                process.kill()
+            pytest.fail("a rank went on past the missing CLIP folder")
+    for rank in (0, 1):  # each rank found it missing itself
+        assert "CLIP model folder not found" in (tmp_path / f"rank{rank}.error").read_text()
+    assert not list(out.rglob("*.png"))

@@ -1,0 +1,177 @@
+"""The files of the speed/quality harness (docs/evaluation.md section 6): runs.csv, summary.csv, summary.md,
+references.csv, speed_quality.png, ablations.png and the image grid.
+"""
+
+from __future__ import annotations
+
+import csv
+import textwrap
+from pathlib import Path
+
+import torch
+
+from mulo_sd.decoding.sampling import SamplerConfig
+from mulo_sd.evaluation.runs import RunSpec
+from mulo_sd.evaluation.summaries import reported_splits
+from mulo_sd.evaluation.tables import (
+    INTERVAL_NOTE,
+    ablation_groups,
+    ablation_tables,
+    markdown_table,
+    paired_table,
+    plot_ablations,
+)
+from mulo_sd.testbed.prompts import Prompt
+from mulo_sd.testbed.sceneeval import CHECK_KINDS
+
+SUMMARY_COLUMNS = (
+    "label", "images", "wall_s_median", "speedup_median", "speedup_of_medians", "sequential_steps_median",
+    "step_ratio_median", "target_forwards_mean", "nfe_ratio_median", "acceptance", "nll_mean", "sceneeval",
+    "sceneeval_sem", *(f"sceneeval_{kind}" for kind in CHECK_KINDS), "fd", "fd_ratio", "fd_ar",
+)  # fmt: skip
+REFERENCE_COLUMNS = (
+    "label", "images", "sceneeval", "sceneeval_sem", *(f"sceneeval_{kind}" for kind in CHECK_KINDS), "fd",
+    "fd_ar",
+)  # fmt: skip
+
+
+def write_outputs(
+    out_dir: Path, rows: list[dict], summary: list[dict], references: list[dict], runs: list[RunSpec],
+    reference: RunSpec, prompts: list[Prompt], seeds: list[int], sampler: SamplerConfig, device, warmup: int,
+    shown: list[Prompt], grid: dict,
+) -> dict[str, Path]:  # fmt: skip
+    """runs.csv, summary.csv, summary.md, references.csv, speed_quality.png, ablations.png and the grid
+    (grid: (run label, column) -> image of a `shown` prompt)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = {name: out_dir / f"{name}.csv" for name in ("runs", "summary")}
+    write_csv(files["runs"], rows)
+    write_csv(files["summary"], summary)
+    splits = list(dict.fromkeys(entry["split"] for entry in summary))
+    shown_entries = [entry for entry in summary if entry["split"] == reported_splits(splits)[0]]
+    groups = ablation_groups(runs)
+    if groups:
+        files["ablations"] = plot_ablations(shown_entries, groups, reference.label, out_dir / "ablations.png")
+    if references:
+        files["references"] = out_dir / "references.csv"
+        write_csv(files["references"], references)
+    counts = {split: sum(p.split == split for p in prompts) for split in splits}
+    named = ", ".join(f"{counts[split]} {split}" for split in splits)
+    header = (
+        f"{named} prompts x {len(seeds)} seed(s), batch 1, device {device}, warm-up {warmup}; "
+        f"sampler {sampler}; speedups against '{reference.label}'."
+    )
+    files["summary_md"] = out_dir / "summary.md"
+    files["summary_md"].write_text(
+        summary_markdown(header, summary, counts, groups, reference.label, references)
+    )
+    files["speed_quality"] = plot_speed_quality(shown_entries, out_dir / "speed_quality.png")
+    if shown:
+        images = [[p.image for p in shown]]
+        images += [[grid[run.label, i] for i in range(len(shown))] for run in runs]
+        labels = ["real (held-out)"] + [run.label for run in runs]
+        captions = [f"#{p.index}: {p.caption}" for p in shown]
+        files["grid"] = plot_grid(images, labels, captions, out_dir / f"grid_seed{seeds[0]}.png")
+    return files
+
+
+def summary_markdown(
+    header: str, summary: list[dict], counts: dict[str, int], groups: dict[str, list[str]], reference: str,
+    references: list[dict],
+) -> str:  # fmt: skip
+    """summary.md: the summary table per split (counts: split -> prompts, in split order), then on the first
+    reported split every run against the reference run (label `reference`), the ablation tables (groups:
+    tables.ablation_groups) and the reference rows."""
+    splits = list(counts)
+    reported = reported_splits(splits)
+    sections = []
+    for split in splits:
+        entries = [entry for entry in summary if entry["split"] == split]
+        title = f"## {split} prompts ({counts[split]})\n\n" if len(splits) > 1 else ""
+        sections.append(f"{title}{markdown_table(entries, SUMMARY_COLUMNS)}")
+    shown_entries = [entry for entry in summary if entry["split"] == reported[0]]
+    sections.append(
+        f"## Against {reference} ({reported[0]} prompts)\n\nPaired per (prompt, seed) with "
+        f"'{reference}'; {INTERVAL_NOTE}.\n\n{paired_table(shown_entries)}"
+    )
+    if groups:
+        sections.append(
+            f"## Ablations ({reported[0]} prompts)\n\n{INTERVAL_NOTE}.\n\n"
+            f"{ablation_tables(shown_entries, groups, reference)}"
+        )
+    if references:
+        sections.append(
+            f"## References ({reported[0]} prompts)\n\nThe held-out images of the same prompts, their "
+            f"tokenizer round trips and, with fd_ar, AR under the other seeds (fd: FD to the real images; "
+            f"fd_ar: FD to AR under the other seeds):\n\n{markdown_table(references, REFERENCE_COLUMNS)}"
+        )
+    body = "\n\n".join(sections)
+    return f"# Evaluation\n\n{header}\n\n{body}\n"
+
+
+def write_csv(path: Path, rows: list[dict]) -> None:
+    """Rows with possibly different keys (phase timings differ between methods): the union as columns."""
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def plot_speed_quality(summary: list[dict], path: Path, quality: str | None = None) -> Path:
+    """Speedup (x) against quality (y: the column `quality`; by default the SceneEval score, else the target
+    NLL), one curve per family."""
+    from matplotlib.figure import Figure  # the object API: no pyplot state, no display backend
+
+    if quality is None:
+        quality = "sceneeval" if all("sceneeval" in e for e in summary) else "nll_mean"
+        if not all(quality in e for e in summary):
+            quality = "step_ratio_median"  # no quality measured (quality=False): steps against time instead
+    names = {
+        "sceneeval": "SceneEval score (higher is better)",
+        "nll_mean": "target NLL of the tokens (lower is better)",
+        "step_ratio_median": "sequential-step ratio over AR",
+        "clip_score": "CLIP score (higher is better)",
+        "fid": "FID (lower is better)",
+    }
+    figure = Figure(figsize=(6.5, 4.5))
+    axes = figure.add_subplot()
+    for family in dict.fromkeys(e["family"] for e in summary):
+        points = sorted(
+            (e["speedup_median"], e[quality], e["label"]) for e in summary if e["family"] == family
+        )
+        axes.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=family)
+        for x, y, label in points if len(points) > 1 else []:  # a sweep: name each point's setting
+            text = label[len(family) :].strip()
+            axes.annotate(text, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    axes.axvline(1.0, color="grey", linewidth=0.6)
+    axes.set_xlabel("speedup over AR (median of per-prompt ratios)")
+    axes.set_ylabel(names[quality])
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    return path
+
+
+def plot_grid(
+    images: list[list[torch.Tensor]], row_labels: list[str], col_labels: list[str], path: Path
+) -> Path:
+    """An image grid: images[row][col] [3, H, W] in [-1, 1], rows and columns labelled."""
+    from matplotlib.figure import Figure
+
+    rows, cols = len(images), len(images[0])
+    figure = Figure(figsize=(1.6 * cols + 1.4, 1.6 * rows + 0.8))
+    axes = figure.subplots(rows, cols, squeeze=False)
+    for r in range(rows):
+        for c in range(cols):
+            ax = axes[r][c]
+            ax.imshow(((images[r][c].float().cpu() + 1) / 2).clamp(0, 1).permute(1, 2, 0).numpy())
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if c == 0:
+                ax.set_ylabel(textwrap.fill(row_labels[r], 18), fontsize=7)
+            if r == 0:
+                ax.set_title(textwrap.fill(col_labels[c], 24), fontsize=6)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    return path
