@@ -1,4 +1,6 @@
-"""Every `*.md` file the repository cites exists, and so does every section and anchor it names.
+"""Every `*.md` file the repository cites exists, and so does every section and anchor it names; so does every
+source path it cites under the project's own folders (`mulo_sd/nets/gpt.py`, `tests/test_layout.py`,
+`conf/eval/headline.yaml`).
 
 A mention is resolved from the repository root (`docs/algorithm.md`, `README.md`; a bare `algorithm.md` is
 missing unless the root holds one); a markdown link in a .md file from that file's folder, as GitHub does.
@@ -20,6 +22,10 @@ NOT_CITATIONS = {"summary.md", "matched.md", "notes.md"}
 URL = re.compile(r"\w+://\S+")
 LINK = re.compile(r"\[[^\]\n]*\]\(([^)\s]+?\.md)(?:#([^)\s]*))?\)")  # text and target
 MENTION = re.compile(r"(?<![\w./-])([\w./-]*\w\.md)\b")
+# A path into the project's folders: moved or deleted modules, configs and tests must not stay cited.
+SOURCE_PATH = re.compile(
+    r"(?<![\w./-])((?:mulo_sd|training|tests|scripts|conf)/[\w./-]*\w\.(?:py|yaml|sbatch)|data/[\w./-]*\w\.py)\b"
+)  # data/x.yaml is a config group's file, cited relative to conf/
 SECTION = re.compile(r"(docs/[\w./-]+\.md)`?,?\s+sections?\s+(\d+)(?:\s*-\s*(\d+))?")
 HEADING = re.compile(r"^(#+)\s+(.*?)\s*$")
 
@@ -74,6 +80,9 @@ def broken_citations(root: Path, skip: tuple[Path, ...] = ()) -> list[str]:
             cited = match.group(1)
             if Path(cited).name not in NOT_CITATIONS and not (root / cited).is_file():
                 report(match.start(), f"cites missing {cited}")
+        for match in SOURCE_PATH.finditer(text):
+            if not (root / match.group(1)).is_file():
+                report(match.start(), f"cites missing {match.group(1)}")
         for match in SECTION.finditer(text):
             cited = root / match.group(1)
             if not cited.is_file():
@@ -109,8 +118,11 @@ def test_checker_reports_missing_files_sections_and_anchors(tmp_path):
     (tmp_path / "code.py").write_text(
         '"""Rules (docs/a.md section 2), islands (docs/a.md sections 1-3),\n'
         "old (algorithm.md section 4), README.md, docs/b.md, docs/none.md.\n"
+        "Code: mulo_sd/nets/gone.py, tests/test_here.py, conf/eval/none.yaml; a/mulo_sd/x.py is not ours.\n"
         'Writes summary.md and matched.md."""\n'
     )
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_here.py").write_text("")
     (tmp_path / "conf.yaml").write_text("# see `docs/a.md` section 3\n")
     (tmp_path / ".venv").mkdir()
     (tmp_path / ".venv" / "lib.py").write_text("# algorithm.md\n")
@@ -121,6 +133,8 @@ def test_checker_reports_missing_files_sections_and_anchors(tmp_path):
         "code.py:1: cites missing section 3 of docs/a.md",
         "code.py:2: cites missing algorithm.md",
         "code.py:2: cites missing docs/none.md",
+        "code.py:3: cites missing conf/eval/none.yaml",
+        "code.py:3: cites missing mulo_sd/nets/gone.py",
         "conf.yaml:1: cites missing section 3 of docs/a.md",
         "docs/a.md:11: link to missing anchor a.md#9-nine",
     ]
