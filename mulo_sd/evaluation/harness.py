@@ -17,10 +17,12 @@ Protocol:
   `sceneeval` = the fraction of the prompt's checks the image passes (mean over prompts in the summary),
   `sceneeval_<kind>` the same for one kind of check (object, count, colour, relation: GenEval's per-task
   scores, mean over the prompts that state that kind) and `fd` = Frechet distance of the run's images to the
-  real held-out images of the same prompts, in SceneEval feature space;
-- paired with AR (mulo_sd/evaluation/paired.py): per (prompt, seed) `d_sceneeval` and `d_nll`, the difference
-  to AR's decode of the same prompt and seed; a run's summary gives their means and, like the median
-  speedup, a bootstrap interval (`_lo`, `_hi`) over the prompts;
+  real held-out images of the same prompts, in SceneEval feature space; `texture` = the image's share of
+  spectral power above 1/16 cycles per pixel (mulo_sd/evaluation/texture.py: a run's mean, `texture_ratio`
+  to AR's and `texture_gap` to the real images');
+- paired with AR (mulo_sd/evaluation/paired.py): per (prompt, seed) `d_sceneeval`, `d_nll` and
+  `d_texture`, the difference to AR's decode of the same prompt and seed; a run's summary gives their means
+  and, like the median speedup, a bootstrap interval (`_lo`, `_hi`) over the prompts;
 - FD ratio (mulo_sd/evaluation/fd_ratio.py): `fd_ratio` = a run's FD over AR's, with a bootstrap interval
   over the prompts on the reported split;
 - FD to AR (`fd_ar_seeds`): AR decodes every reported prompt once more per extra seed; `fd_ar` is the FD of
@@ -51,6 +53,7 @@ from mulo_sd.evaluation.paired import BOOTSTRAP, Bootstrap
 from mulo_sd.evaluation.quality import OTHER_SEEDS, reference_quality, sceneeval_rows, token_nll
 from mulo_sd.evaluation.runs import RunSpec, reference_run
 from mulo_sd.evaluation.summaries import add_fd_ratios, add_ratios, reported_splits, summarize
+from mulo_sd.evaluation.texture import add_texture_columns, real_textures, texture, with_texture
 from mulo_sd.evaluation.writers import write_outputs
 from mulo_sd.pipeline.decode_entry import decode
 from mulo_sd.pipeline.model_set import Models
@@ -101,6 +104,8 @@ def evaluate(
     decodes = sweep.decode_all(runs, reference, prompts, seeds, fd_ar_prompts, fd_ar_seeds, progress)
     rows = decodes.rows
     summary = _summarize_splits(rows, runs, splits, reference, bootstrap)
+    if quality:
+        add_texture_columns(summary, real_textures(prompts), reference.label)
     references = []
     if scorer is not None:
         references = _add_frechet_distances(summary, decodes, scorer, models, prompts, reference, bootstrap)
@@ -147,7 +152,7 @@ class Decodes:
     """What the decode pass collects."""
 
     rows: list[dict] = field(default_factory=list)  # one per (run, prompt, seed), in decoding order
-    other_rows: list[dict] = field(default_factory=list)  # SceneEval rows of AR under the fd_ar seeds
+    other_rows: list[dict] = field(default_factory=list)  # SceneEval + texture rows of AR, fd_ar seeds
     # (label, split) -> {(prompt index, seed): SceneEval features}
     features: dict = field(default_factory=dict)
     grid: dict = field(default_factory=dict)  # (label, grid column) -> image: the shown prompts, first seed
@@ -215,6 +220,7 @@ class Sweep:
         }  # fmt: skip
         if self.quality:
             row["nll"] = float(token_nll(self.target, result.tokens, cond, cond_mask)[0])
+            row["texture"] = float(texture(result.image)[0])
         if self.scorer is not None:
             row |= sceneeval_rows(self.scorer, result.image, [prompt.caption])[0]
             self._add_features(run.label, prompt, seed, result.image)
@@ -224,9 +230,10 @@ class Sweep:
         self.decodes.rows.append(row)
 
     def _add_other_seed_decode(self, reference: RunSpec, prompt: Prompt, seed: int) -> None:
-        """AR's decode of `prompt` under an extra seed for fd_ar: its SceneEval row and features."""
+        """AR's decode of `prompt` under an extra seed for fd_ar: its SceneEval and texture row, features."""
         result = self._decode(reference, prompt, seed)
-        self.decodes.other_rows.append(sceneeval_rows(self.scorer, result.image, [prompt.caption])[0])
+        scores = sceneeval_rows(self.scorer, result.image, [prompt.caption])
+        self.decodes.other_rows.append(with_texture(scores, result.image)[0])
         self._add_features(OTHER_SEEDS, prompt, seed, result.image)
 
     def _decode(self, run: RunSpec, prompt: Prompt, seed: int):

@@ -9,7 +9,8 @@ from mulo_sd.evaluation.runs import REFERENCE_METHOD
 
 MATCHED_COLUMNS = (
     "method", "setting", "sceneeval_dev", "d_sceneeval_dev", "speedup", "speedup_of_medians", "step_ratio",
-    "sceneeval", "d_sceneeval", "fd", "fd_ratio", "fd_ar", "nll", "d_nll",
+    "sceneeval", "d_sceneeval", "fd", "fd_ratio", "fd_ar", "texture", "texture_ratio", "d_texture",
+    "texture_gap", "nll", "d_nll",
 )  # fmt: skip
 MATCH_RULES = ("interval", "tolerance")
 
@@ -98,6 +99,9 @@ def _matched_row(family: str, entry: dict | None) -> dict:
         "sceneeval": entry["sceneeval"], "d_sceneeval": entry.get("d_sceneeval"),
         "d_sceneeval_lo": entry.get("d_sceneeval_lo"), "d_sceneeval_hi": entry.get("d_sceneeval_hi"),
         "fd": entry.get("fd"), "fd_ratio": entry.get("fd_ratio"), "fd_ratio_lo": entry.get("fd_ratio_lo"),
-        "fd_ratio_hi": entry.get("fd_ratio_hi"), "fd_ar": entry.get("fd_ar"), "nll": entry.get("nll_mean"),
+        "fd_ratio_hi": entry.get("fd_ratio_hi"), "fd_ar": entry.get("fd_ar"), "texture": entry.get("texture"),
+        "texture_ratio": entry.get("texture_ratio"), "d_texture": entry.get("d_texture"),
+        "d_texture_lo": entry.get("d_texture_lo"), "d_texture_hi": entry.get("d_texture_hi"),
+        "texture_gap": entry.get("texture_gap"), "nll": entry.get("nll_mean"),
         "d_nll": entry.get("d_nll"), "d_nll_lo": entry.get("d_nll_lo"), "d_nll_hi": entry.get("d_nll_hi"),
     }  # fmt: skip

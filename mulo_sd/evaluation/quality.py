@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from mulo_sd.evaluation.summaries import sceneeval_summary
+from mulo_sd.evaluation.texture import texture_summary, with_texture
 from mulo_sd.testbed.prompts import Prompt
 from mulo_sd.testbed.sceneeval import (
     check_results,
@@ -46,27 +47,28 @@ def sceneeval_rows(scorer, images: torch.Tensor, captions: list[str]) -> list[di
 def reference_quality(
     scorer, tokenizer, prompts: list[Prompt], real_features: torch.Tensor, other: tuple | None = None
 ) -> list[dict]:
-    """SceneEval of the prompts' real held-out images and of their tokenizer round trips (encode, decode):
-    what a perfect target would score, and the most any method can score through this tokenizer.
+    """SceneEval and texture of the prompts' real held-out images and of their tokenizer round trips (encode,
+    decode): what a perfect target would score, and the most any method can score through this tokenizer.
     real_features: `scene_features` of the real images, which the runs' FD already needed. `other`: (the
-    sceneeval rows of AR's decodes under the fd_ar seeds, their features, the AR run's features) adds the
-    row "AR (other seeds)" and every row's fd_ar (FD to those decodes; that row's own: to the AR run)."""
+    sceneeval and texture rows of AR's decodes under the fd_ar seeds, their features, the AR run's
+    features) adds the row "AR (other seeds)" and every row's fd_ar (FD to those decodes; that row's own: to
+    the AR run)."""
     real = torch.stack([p.image for p in prompts]).to(next(tokenizer.parameters()).device)
     round_trip = tokenizer.decode(tokenizer.encode(real)).clamp(-1, 1)
     captions = [p.caption for p in prompts]
     entries = []
     references = (
-        ("real images", sceneeval_rows(scorer, real, captions), real_features),
+        ("real images", with_texture(sceneeval_rows(scorer, real, captions), real), real_features),
         (
             "tokenizer round trip",
-            sceneeval_rows(scorer, round_trip, captions),
+            with_texture(sceneeval_rows(scorer, round_trip, captions), round_trip),
             scene_features(scorer, round_trip),
         ),
     )
     if other is not None:
         references += ((OTHER_SEEDS, other[0], other[1]),)
     for label, rows, features in references:
-        entry = {"label": label, "images": len(rows), **sceneeval_summary(rows)}
+        entry = {"label": label, "images": len(rows), **sceneeval_summary(rows), **texture_summary(rows)}
         entry["fd"] = frechet_distance(real_features, features)
         if other is not None:
             entry["fd_ar"] = frechet_distance(other[2] if label == OTHER_SEEDS else other[1], features)

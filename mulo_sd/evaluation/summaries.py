@@ -12,10 +12,12 @@ import numpy as np
 
 from mulo_sd.evaluation.fd_ratio import fd_ratio_intervals
 from mulo_sd.evaluation.paired import BOOTSTRAP, Bootstrap, interval, per_seed_samples
+from mulo_sd.evaluation.texture import texture_summary
 from mulo_sd.testbed.prompts import Prompt
 from mulo_sd.testbed.sceneeval import CHECK_KINDS
 
-PAIRED = ("sceneeval", "nll")  # per-decode scores differenced with the reference decode (d_<score>)
+# per-decode scores differenced with the reference decode (d_<score>)
+PAIRED = ("sceneeval", "nll", "texture")
 
 
 def reported_splits(splits: list[str]) -> list[str]:
@@ -84,6 +86,8 @@ def summarize(rows: list[dict], reference: str, bootstrap: Bootstrap = BOOTSTRAP
             entry["nll_mean"] = _mean([row["nll"] for row in runs])
         if "sceneeval" in runs[0]:
             entry |= sceneeval_summary(runs)
+        if "texture" in runs[0]:
+            entry |= texture_summary(runs)
         for score in PAIRED:
             if f"d_{score}" in runs[0]:
                 entry |= _paired_summary(runs, score, bootstrap)

@@ -10,15 +10,15 @@ from pathlib import Path
 # summary / matched column -> the prefix of its interval bounds (<prefix>_lo, <prefix>_hi)
 BOUNDS = {
     "speedup_median": "speedup", "speedup": "speedup", "d_sceneeval": "d_sceneeval", "d_nll": "d_nll",
-    "d_sceneeval_dev": "d_sceneeval_dev", "fd_ratio": "fd_ratio",
+    "d_sceneeval_dev": "d_sceneeval_dev", "fd_ratio": "fd_ratio", "d_texture": "d_texture",
 }  # fmt: skip
 PAIRED_COLUMNS = (
     "label", "images", "speedup_median", "step_ratio_median", "acceptance", "sceneeval", "d_sceneeval",
-    "nll_mean", "d_nll", "fd", "fd_ratio", "fd_ar",
+    "nll_mean", "d_nll", "fd", "fd_ratio", "fd_ar", "texture", "texture_ratio", "d_texture", "texture_gap",
 )  # fmt: skip
 ABLATION_COLUMNS = (
     "label", "speedup_median", "sequential_steps_median", "acceptance", "sceneeval", "d_sceneeval", "fd",
-    "fd_ratio", "fd_ar",
+    "fd_ratio", "fd_ar", "texture_ratio", "d_texture", "texture_gap",
 )  # fmt: skip
 INTERVAL_NOTE = (
     "[low, high]: 95% bootstrap interval (percentile; prompts resampled, docs/evaluation.md section 5)"
@@ -55,7 +55,8 @@ def with_intervals(rows: list[dict]) -> list[dict]:
 
 
 def paired_table(summary: list[dict]) -> str:
-    """Every run against the reference: speedup, SceneEval and NLL differences (intervals), FD, FD-to-AR."""
+    """Every run against the reference: speedup, SceneEval, NLL and texture differences (intervals), FD,
+    FD-to-AR, texture."""
     return markdown_table(with_intervals(summary), PAIRED_COLUMNS)
 
 

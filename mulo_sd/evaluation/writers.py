@@ -27,11 +27,12 @@ from mulo_sd.testbed.sceneeval import CHECK_KINDS
 SUMMARY_COLUMNS = (
     "label", "images", "wall_s_median", "speedup_median", "speedup_of_medians", "sequential_steps_median",
     "step_ratio_median", "target_forwards_mean", "nfe_ratio_median", "acceptance", "nll_mean", "sceneeval",
-    "sceneeval_sem", *(f"sceneeval_{kind}" for kind in CHECK_KINDS), "fd", "fd_ratio", "fd_ar",
+    "sceneeval_sem", *(f"sceneeval_{kind}" for kind in CHECK_KINDS), "fd", "fd_ratio", "fd_ar", "texture",
+    "texture_ratio", "d_texture", "texture_gap",
 )  # fmt: skip
 REFERENCE_COLUMNS = (
     "label", "images", "sceneeval", "sceneeval_sem", *(f"sceneeval_{kind}" for kind in CHECK_KINDS), "fd",
-    "fd_ar",
+    "fd_ar", "texture",
 )  # fmt: skip
 
 
@@ -102,7 +103,8 @@ def summary_markdown(
         sections.append(
             f"## References ({reported[0]} prompts)\n\nThe held-out images of the same prompts, their "
             f"tokenizer round trips and, with fd_ar, AR under the other seeds (fd: FD to the real images; "
-            f"fd_ar: FD to AR under the other seeds):\n\n{markdown_table(references, REFERENCE_COLUMNS)}"
+            f"fd_ar: FD to AR under the other seeds; texture: mean share of spectral power above 1/16 cycles "
+            f"per pixel):\n\n{markdown_table(references, REFERENCE_COLUMNS)}"
         )
     body = "\n\n".join(sections)
     return f"# Evaluation\n\n{header}\n\n{body}\n"

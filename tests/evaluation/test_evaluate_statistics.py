@@ -17,6 +17,7 @@ from mulo_sd.evaluation.paired import Bootstrap
 from mulo_sd.evaluation.runs import RunSpec, expand_runs
 from mulo_sd.evaluation.summaries import add_ratios, summarize
 from mulo_sd.evaluation.tables import ablation_groups
+from mulo_sd.evaluation.texture import mean_texture, texture
 from mulo_sd.nets.upsampler import Upsampler
 from mulo_sd.pipeline.decode_entry import decode
 from mulo_sd.pipeline.run_models import with_folders
@@ -138,6 +139,52 @@ def test_fd_to_ar_of_ar_against_itself_is_zero_and_positive_under_other_seeds(te
     assert [row["split"] for row in other.rows] == ["test"] * 8
     with pytest.raises(ValueError, match=r"fd_ar_seeds needs quality=True and the sceneeval model"):
         evaluate(models, runs, prompts, [0], SamplerConfig(), "cpu", tmp_path, quality=False, fd_ar_seeds=[1])
+
+
+def test_texture_columns_equal_a_hand_computation_on_the_decoded_images(testbed, tmp_path):
+    models = load_models(testbed, names=["vq", "target", "sceneeval"])
+    prompts, seeds = evaluation_prompts(3, image_size=16, split="test"), [0, 1]
+    runs, settings = [RunSpec("ar"), RunSpec("zipar", {"window": 2})], Bootstrap(resamples=199, seed=4)
+    result = evaluate(models, runs, prompts, seeds, SamplerConfig(), "cpu", tmp_path, warmup=0,
+                      grid_prompts=0, progress=False, fd_ar_seeds=[2], bootstrap=settings)  # fmt: skip
+
+    def hand(run, prompt, seed):  # decodes repeat exactly: the image the harness scored
+        return decode(run.method, models, [prompt.caption], run.knobs, SamplerConfig(), seed).image
+
+    values = {
+        (r.label, p.index, s): float(texture(hand(r, p, s))[0]) for r in runs for p in prompts for s in seeds
+    }
+    assert {(row["label"], row["prompt_index"], row["seed"]): row["texture"] for row in result.rows} == values
+    images, vq = torch.stack([p.image for p in prompts]), models.require("vq")
+    real = mean_texture(images)
+    ar, zipar = result.summary
+    for entry in (ar, zipar):  # rows in decoding order: prompt by prompt, seeds within
+        own = [values[entry["label"], p.index, s] for p in prompts for s in seeds]
+        assert entry["texture"] == sum(own) / len(own) and entry["texture_gap"] == entry["texture"] - real
+    paired = ("texture_ratio", "d_texture", "d_texture_lo", "d_texture_hi")
+    assert [ar[column] for column in paired] == [1.0, 0.0, 0.0, 0.0]
+    assert zipar["texture_ratio"] == zipar["texture"] / ar["texture"]
+    d = np.array(
+        [[values["zipar window=2", p.index, s] - values["ar", p.index, s] for p in prompts] for s in seeds]
+    )
+    assert zipar["d_texture"] == float(d.reshape(-1).mean())  # per_seed_samples: seed by seed
+    direct = bootstrap(
+        (d.mean(0),), np.mean, n_resamples=199, method="percentile", rng=np.random.default_rng(4)
+    )
+    assert zipar["d_texture_lo"] == pytest.approx(direct.confidence_interval.low, abs=1e-12)
+    assert zipar["d_texture_hi"] == pytest.approx(direct.confidence_interval.high, abs=1e-12)
+    references = {entry["label"]: entry["texture"] for entry in result.references}
+    round_trip = vq.decode(vq.encode(images)).clamp(-1, 1)
+    other = [float(texture(hand(runs[0], p, 2))[0]) for p in prompts]
+    assert references == {"real images": real, "tokenizer round trip": mean_texture(round_trip),
+                          "AR (other seeds)": sum(other) / len(other)}  # fmt: skip
+    shown = f"{zipar['d_texture']:.4g} [{zipar['d_texture_lo']:.4g}, {zipar['d_texture_hi']:.4g}]"
+    text = (tmp_path / "summary.md").read_text()
+    assert shown in text and text.count("| texture | texture_ratio | d_texture | texture_gap |") == 2
+    assert float(read_csv(tmp_path / "summary.csv")[1]["texture_gap"]) == zipar["texture_gap"]
+    quick = evaluate(models, runs[:1], prompts[:1], [0], SamplerConfig(), "cpu", tmp_path / "q", warmup=0,
+                     quality=False, grid_prompts=0, progress=False)  # fmt: skip
+    assert "texture" not in quick.rows[0] and "texture" not in quick.summary[0]
 
 
 def test_cli_refuses_fd_ar_seeds_shared_with_the_seeds(testbed, tmp_path):
