@@ -1,6 +1,7 @@
 """`mulo-decode`: decode one caption with one method on a model set (conf/models/,
-mulo_sd/pipeline/model_set.py),
-print the statistics and write the image. A thin Hydra `main()` around a plain `run(cfg)` that tests call
+mulo_sd/pipeline/model_set.py) through `MuLoPipeline` (mulo_sd/pipeline/mulo_pipeline.py), print the
+statistics and write the image (`save_tokens=true`: its token grid too, an int64 [h, w] array in
+<out without its suffix>.tokens.npy). A thin Hydra `main()` around a plain `run(cfg)` that tests call
 directly.
 
     mulo-decode method=ar prompt="two red circles left of a blue star on a striped background" out=sample.png
@@ -23,16 +24,14 @@ import logging
 from pathlib import Path
 
 import hydra
+import numpy as np
 import torch
 from mulo_sd.training.config import CONFIG_DIR
 from mulo_sd.training.seeds import check_seed
 from omegaconf import DictConfig, OmegaConf
 
 from mulo_sd.decoding.sampling import SamplerConfig
-from mulo_sd.pipeline.decode_entry import LANTERN_DRAFTER, decode, required_models, tensor_to_pil
-from mulo_sd.pipeline.model_set import ModelSet, load_model_set
-from mulo_sd.pipeline.roles import MLLM, TATOK
-from mulo_sd.pipeline.tar_decode import decode_tar
+from mulo_sd.pipeline.mulo_pipeline import MuLoPipeline
 from mulo_sd.testbed.captions import encode_caption
 
 log = logging.getLogger(__name__)
@@ -97,53 +96,40 @@ def format_stats(stats: dict) -> str:
     return "\n".join(lines)
 
 
+def tokens_path(out: Path) -> Path:
+    """Where save_tokens=true writes the token grid of the image `out`: beside it, sample.tokens.npy."""
+    return out.with_suffix(".tokens.npy")
+
+
 def run(cfg: DictConfig) -> dict:
-    """Decode `cfg.prompt` with `cfg.method`, write the image to `cfg.out`; return the statistics row."""
+    """Decode `cfg.prompt` with `cfg.method` through MuLoPipeline, write the image to `cfg.out` (and with
+    save_tokens=true its token grid beside it); return the statistics row."""
     unconditional = bool(cfg.get("unconditional"))
-    models_cfg = OmegaConf.to_container(cfg.models, resolve=True)
-    model_set = ModelSet.from_config(models_cfg)
-    kind = model_set.target_cond_type()
+    pipeline = MuLoPipeline.from_config(OmegaConf.to_container(cfg.models, resolve=True), cfg.device)
+    kind = pipeline.condition_kind
     if unconditional and kind == "tatok":
         raise ValueError(
-            f"unconditional=true: model set '{model_set.name}' decodes the TA-Tok tokens its MLLM writes for "
-            f"a prompt, so it takes a prompt"
+            f"unconditional=true: model set '{pipeline.model_set.name}' decodes the TA-Tok tokens its MLLM "
+            f"writes for a prompt, so it takes a prompt"
         )
     prompt = check_prompt(cfg.prompt, unconditional, kind == "words")
-    # the set's own knob defaults (e.g. tar_1024's MuLo-SD r=4), then the user's
-    knobs = {**(models_cfg.get("knobs") or {}).get(cfg.method, {}), **set_knobs(cfg.knobs)}
-    names = required_models(cfg.method, knobs)  # checks the method and knobs
-    if kind == "tatok":
-        names += [MLLM, TATOK]
-    for name in names:  # a role the set lacks fails before anything loads
-        model_set.path(name, LANTERN_DRAFTER if name == "drafter_small" else f"method={cfg.method} uses it")
     out = prepare_output(cfg.out)
     seed = check_seed(cfg.seed, "seed")
     if cfg.get("threads"):
         torch.set_num_threads(cfg.threads)
-    models = load_model_set(model_set, names, cfg.device)
     sampler = OmegaConf.to_container(cfg.sampler, resolve=True)
     if unconditional:  # guided logits u + 0 * (c - u): the unconditional branch (the CFG null caption) alone
         sampler["cfg_scale"] = 0.0
-    sampler = SamplerConfig(**sampler)
-    compare_ar = bool(cfg.get("compare_ar"))
-    if kind == "tatok":
-        if not models_cfg.get("mllm_sampler"):
-            raise ValueError(
-                f"model set '{model_set.name}' has no mllm_sampler, which Tar's MLLM samples with"
-            )
-        mllm_sampler = SamplerConfig(**models_cfg["mllm_sampler"])
-        tar = decode_tar(cfg.method, models, [prompt], knobs, sampler, mllm_sampler, seed, compare_ar)
-        result, row = tar.result, tar.as_dict()
-    else:
-        result = decode(cfg.method, models, [prompt], knobs, sampler, seed)
-        row = result.stats.as_dict()
-        if compare_ar:
-            reference = decode("ar", models, [prompt], {}, sampler, seed)
-            row["ar_wall_s"] = reference.stats.wall_seconds
-            row["speedup"] = reference.stats.wall_seconds / result.stats.wall_seconds
-    tensor_to_pil(result.image[0]).save(out)
+    # the method, its knobs (over the set's own, e.g. tar_1024's MuLo-SD r=4) and the set's folders for
+    # them are checked before any model loads
+    output = pipeline(prompt, cfg.method, seed, sampler=SamplerConfig(**sampler),
+                      compare_ar=bool(cfg.get("compare_ar")), **set_knobs(cfg.knobs))  # fmt: skip
+    output.images[0].save(out)
     log.info("wrote %s", out)
-    return row
+    if cfg.get("save_tokens"):
+        np.save(tokens_path(out), output.tokens[0].numpy())
+        log.info("wrote %s", tokens_path(out))
+    return output.rows[0]
 
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="decode")
@@ -151,6 +137,8 @@ def main(cfg: DictConfig) -> None:
     stats = run(cfg)
     print(format_stats(stats))
     print(f"image: {cfg.out}")
+    if cfg.get("save_tokens"):
+        print(f"tokens: {tokens_path(Path(str(cfg.out)))}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,15 @@
-"""The runtime's entry points: model sets loaded by role and checked together (model_set.py), one decode
-over every method (decode_entry.py), Tar's two stages (tar_decode.py) and the testbed's models
-(testbed_models.py).
+"""The runtime's entry points: `MuLoPipeline`, a model set loaded once that decodes prompts with any method
+(mulo_pipeline.py), over the pieces it joins: model sets loaded by role and checked together (model_set.py;
+their files, set_files.py), one decode over every method (decode_entry.py), Tar's two stages (tar_decode.py)
+and the testbed's models (testbed_models.py).
+
+    from mulo_sd.pipeline import MuLoPipeline
+
+    pipe = MuLoPipeline.from_pretrained("testbed")  # or a testbed-layout folder, or conf/models/<set>.yaml
+    out = pipe(["a red star on a noisy background"], method="mulo", seed=0)
+    out.images[0].save("sample.png")
+
+The same decode from the pieces, as the pipeline does it:
 
     from mulo_sd.decoding import SamplerConfig
     from mulo_sd.pipeline import decode, load_models, tensor_to_pil
@@ -24,6 +33,7 @@ from mulo_sd.pipeline.decode_entry import (
 )
 from mulo_sd.pipeline.folder_hints import train_command
 from mulo_sd.pipeline.model_set import Models, ModelSet, load_model_set
+from mulo_sd.pipeline.mulo_pipeline import MuLoPipeline, PipelineOutput
 from mulo_sd.pipeline.roles import ROLES, TESTBED_DIR
 from mulo_sd.pipeline.tar_decode import TarResult, decode_tar
 from mulo_sd.pipeline.testbed_models import load_models
@@ -35,6 +45,8 @@ __all__ = [
     "TESTBED_DIR",
     "Models",
     "ModelSet",
+    "MuLoPipeline",
+    "PipelineOutput",
     "TarResult",
     "decode",
     "decode_tar",

@@ -225,12 +225,17 @@ class Models:
 
 
 def load_model_set(
-    model_set: ModelSet, names: list[str] | None = None, device: str | torch.device | None = None
+    model_set: ModelSet,
+    names: list[str] | None = None,
+    device: str | torch.device | None = None,
+    condition_roles: bool = True,
 ) -> Models:
     """Load the roles `names` of `model_set` (None: every model role that exists; the text encoder comes
     with any T5-conditioned GPT) onto `device` (None: the set's). Checks the configs before reading any
     weights (module docstring); a role the set lacks is a FileNotFoundError saying how to make it. GPTs
-    conditioned on TA-Tok features bring the MLLM (and its TA-Tok file) with them."""
+    conditioned on TA-Tok features bring the MLLM (and its TA-Tok file) with them. `condition_roles=False`
+    loads `names` alone, for a caller that brings the condition itself (e.g. Tar's TA-Tok features:
+    mulo_sd/pipeline/mulo_pipeline.py)."""
     device = model_set.device if device is None else device
     _check_device(model_set, device)
     names = model_set.available() if names is None else list(dict.fromkeys(names))
@@ -240,7 +245,7 @@ def load_model_set(
     configs = {name: model_set.config(name) for name in names if name in MODEL_CLASSES}
     if model_set.family == "tar":
         check_ar_dtoks(model_set, configs)
-    names = _with_condition_roles(configs, names)
+    names = _with_condition_roles(configs, names) if condition_roles else names
     check_configs(model_set, configs, t5_width(model_set) if TEXT_ENCODER in names else None)
     scale = check_tar_stage(model_set, configs) if MLLM in names else 0
     dtype = resolve_dtype(model_set.dtype)

@@ -6,7 +6,6 @@ import shutil
 
 import pytest
 import torch
-from mulo_sd.training import decode as decode_cli
 from mulo_sd.training.decode import run
 from PIL import Image
 
@@ -15,6 +14,7 @@ from mulo_sd.llamagen import gpt_from_official
 from mulo_sd.nets import io as model_io
 from mulo_sd.nets.gpt import GPT
 from mulo_sd.nets.upsampler import Upsampler, UpsamplerConfig
+from mulo_sd.pipeline import mulo_pipeline
 from mulo_sd.pipeline.decode_entry import decode
 from mulo_sd.pipeline.model_set import ModelSet, load_model_set
 from tests.llamagen_fixtures import (
@@ -46,7 +46,7 @@ def forbid_weights(monkeypatch) -> None:
         raise AssertionError("weights were read or a decode ran before the set was checked")
 
     monkeypatch.setattr(model_io, "read_weights", fail)
-    monkeypatch.setattr(decode_cli, "decode", fail)
+    monkeypatch.setattr(mulo_pipeline, "decode", fail)
 
 
 def set_config(root, **folders) -> ModelSet:
@@ -78,7 +78,7 @@ def test_the_set_brings_llamagens_sampling_defaults_bf16_and_cuda(llamagen_root,
         seen["args"] = args
         raise Stopped
 
-    monkeypatch.setattr(decode_cli, "load_model_set", record)
+    monkeypatch.setattr(mulo_pipeline, "load_model_set", record)
     cfg = compose("decode", tmp_path, [f"models={SET_NAME}", f"models.root={llamagen_root}", PROMPT])
     assert dict(cfg.sampler) == {"temperature": 1.0, "top_k": 1000, "top_p": 1.0, "cfg_scale": 7.5}
     with pytest.raises(Stopped):

@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 import torch
 from mulo_sd.data.shards import write_shards
-from mulo_sd.training import decode as decode_cli
 from mulo_sd.training.caption_condition import CaptionCondition
 from mulo_sd.training.decode import run
 from mulo_sd.training.train import run as train_run
@@ -24,6 +23,7 @@ from mulo_sd.decoding.sampling import SamplerConfig
 from mulo_sd.llamagen.convert import main as convert
 from mulo_sd.nets import io as model_io
 from mulo_sd.nets.gpt import GPT
+from mulo_sd.pipeline import mulo_pipeline
 from mulo_sd.pipeline.model_set import ModelSet, load_model_set
 from mulo_sd.pipeline.tar_decode import decode_tar
 from mulo_sd.testbed.synthscenes import render_scene
@@ -57,7 +57,7 @@ def forbid_weights(monkeypatch) -> None:
         raise AssertionError("weights were read or a decode ran before the set was checked")
 
     monkeypatch.setattr(model_io, "read_weights", fail)
-    monkeypatch.setattr(decode_cli, "decode_tar", fail)
+    monkeypatch.setattr(mulo_pipeline, "decode_tar", fail)
     monkeypatch.setattr(torch, "load", fail)
     monkeypatch.setitem(sys.modules, "mulo_sd.tar.mllm", types.ModuleType("no_mllm"))  # loading it fails
 
@@ -119,7 +119,7 @@ def test_the_sets_bring_tars_sampling_defaults_bf16_and_cuda(tar_root, tmp_path,
         seen["args"] = args
         raise Stopped
 
-    monkeypatch.setattr(decode_cli, "load_model_set", record)
+    monkeypatch.setattr(mulo_pipeline, "load_model_set", record)
     cfg = compose("decode", tmp_path, ["models=tar_1024", f"models.root={tar_root}", "method=mulo", PROMPT])
     assert dict(cfg.sampler) == {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "cfg_scale": 4.0}
     assert dict(cfg.models.mllm_sampler) == {
@@ -207,7 +207,7 @@ def test_a_gpt_of_another_family_in_a_tar_set_is_an_error_before_any_weights(tar
 def test_tatok_features_of_another_width_are_an_error_before_any_weights(tar_root, tmp_path, monkeypatch):
     wide = tmp_path / "ta_tok_32.pth"
     write_tatok_file(wide, feature_dim=2 * CAPTION_DIM)
-    monkeypatch.setattr(decode_cli, "decode_tar", None)
+    monkeypatch.setattr(mulo_pipeline, "decode_tar", None)
     monkeypatch.setattr(model_io, "read_weights", lambda *a: pytest.fail("weights read before the check"))
     overrides = tar_overrides(tar_root, "tar_512", PROMPT, f"models.folders.tatok={wide}")
     wrong = rf"target \(.*\) takes caption_dim {CAPTION_DIM} \(its clip_proj\), but the TA-Tok file .*_32.pth"
@@ -231,7 +231,7 @@ def test_a_prefix_length_that_is_no_tatok_scale_is_an_error_before_any_weights(
         "4",
     ]
     assert convert(args) == 0
-    monkeypatch.setattr(decode_cli, "decode_tar", None)
+    monkeypatch.setattr(mulo_pipeline, "decode_tar", None)
     monkeypatch.setattr(model_io, "read_weights", lambda *a: pytest.fail("weights read before the check"))
     overrides = tar_overrides(tar_root, "tar_512", PROMPT, f"models.folders.target={tmp_path / 'cond4'}")
     wrong = rf"target \(.*cond4/config.json\) has cond_len 4, but the TA-Tok file .* writes {TATOK_TOKENS} / "

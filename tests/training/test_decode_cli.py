@@ -7,7 +7,6 @@ import pytest
 import torch
 import yaml
 from hydra.core.hydra_config import HydraConfig
-from mulo_sd.training import decode as decode_cli
 from mulo_sd.training.config import CONFIG_DIR
 from mulo_sd.training.decode import run
 from omegaconf import DictConfig, open_dict
@@ -21,6 +20,7 @@ from mulo_sd.nets.gpt_config import GPTConfig
 from mulo_sd.nets.upsampler import Upsampler, UpsamplerConfig
 from mulo_sd.nets.vq import VQModel
 from mulo_sd.nets.vq_config import VQConfig
+from mulo_sd.pipeline import mulo_pipeline
 from mulo_sd.pipeline.decode_entry import (
     RECOMMENDED,
     caption_condition,
@@ -180,9 +180,9 @@ def test_knobs_are_validated_with_clear_errors(monkeypatch):
 def test_recommended_knobs_are_the_defaults():
     assert resolve_knobs("mulo", {}) == {
         "r": 2, "upsampler": "latent", "downsampler": "latent", "pixel_mode": "bicubic", "tau": 0.02,
-        "accept_rule": "typical", "k": 4, "l": 0, "rejection": "local", "rows_per_cycle": None,
-        "draft_window": 1, "island_zipar_window": 1, "refresh_after_resample": False, "parallel": True,
-        "drafter_cfg_scale": None,
+        "accept_rule": "typical", "accept_floor": 0.0, "k": 4, "l": 0, "rejection": "local",
+        "rows_per_cycle": None, "draft_window": 1, "island_zipar_window": 1, "refresh_after_resample": False,
+        "parallel": True, "drafter_cfg_scale": None,
     }  # fmt: skip
     assert resolve_knobs("lantern", {}) == {"k": 64, "delta": 0.4, "draft_len": 4}
     assert resolve_knobs("zipar", {}) == {"window": 4}
@@ -254,8 +254,8 @@ def stop(*args, **kwargs):
 
 def test_decode_cli_knobs_keep_their_defaults_until_set_and_null_is_none(testbed, tmp_path, monkeypatch):
     seen = []
-    monkeypatch.setattr(decode_cli, "required_models", lambda method, knobs: seen.append(knobs) or [])
-    monkeypatch.setattr(decode_cli, "decode", stop)
+    monkeypatch.setattr(mulo_pipeline, "required_models", lambda method, knobs: seen.append(knobs) or [])
+    monkeypatch.setattr(mulo_pipeline, "decode", stop)
     for overrides in (["knobs.tau=0.2"], ["knobs.draft_window=null", "knobs.island_zipar_window=null"]):
         with pytest.raises(Stop):
             run(compose("decode", tmp_path, ["method=mulo", *at(testbed), *overrides]))
@@ -284,8 +284,8 @@ def no_decoding(monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("a model was loaded or decoded before the input was checked")
 
-    monkeypatch.setattr(decode_cli, "load_model_set", fail)
-    monkeypatch.setattr(decode_cli, "decode", fail)
+    monkeypatch.setattr(mulo_pipeline, "load_model_set", fail)
+    monkeypatch.setattr(mulo_pipeline, "decode", fail)
 
 
 @pytest.mark.parametrize("prompt", ["''", "'   '", "'\t'"])
@@ -303,7 +303,7 @@ def test_unconditional_takes_an_empty_prompt_and_samples_the_null_caption(testbe
     with pytest.raises(ValueError, match=r"unconditional=true samples without a caption, but prompt="):
         run(compose("decode", tmp_path, ["unconditional=true", *at(testbed)]))
     seen = {}
-    monkeypatch.setattr(decode_cli, "decode", lambda *args: stop(seen.setdefault("args", args)))
+    monkeypatch.setattr(mulo_pipeline, "decode", lambda *args: stop(seen.setdefault("args", args)))
     with pytest.raises(Stop):
         run(compose("decode", tmp_path, ["unconditional=true", "prompt=''", *at(testbed)]))
     method, _, prompts, _, sampler, _ = seen["args"]

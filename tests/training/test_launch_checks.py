@@ -13,6 +13,7 @@ from mulo_sd.training import evaluate as evaluate_cli
 from mulo_sd.training import evaluate_prompts
 from mulo_sd.training.run_folder import RANK_VARIABLES, RunFolderBusy
 
+from mulo_sd.pipeline import mulo_pipeline
 from tests.training.test_decode_cli import at, compose, save_tiny_testbed
 from tests.training.test_run_folder import HOLDER, launcher_env
 
@@ -30,7 +31,7 @@ def no_model_loads(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a model loaded")
 
-    for module in (decode_cli, evaluate_cli, evaluate_prompts):
+    for module in (mulo_pipeline, evaluate_cli, evaluate_prompts):
         monkeypatch.setattr(module, "load_model_set", refuse)
 
 
