@@ -7,6 +7,10 @@ step counter only when `ends_accumulation` says so. Lightning refuses `Trainer(a
 for manual optimisation at the start of fit, so `mulo-train` builds the Trainer with 1 and adds
 `ManualAccumulation(N)`, which gives the Trainer N once that check has passed: Lightning's loop then counts
 steps, logging intervals and the logged step axis per optimiser step, as it does for automatic modules.
+
+Setting the Trainer's N after that check and reading `fit_loop.epoch_loop.batch_progress` are no public API:
+pyproject.toml allows only the Lightning minor release that CI tests, at its pinned and its lowest version
+(.ci/run: tests/training/test_accumulation.py and the resume tests).
 """
 
 from __future__ import annotations

@@ -5,6 +5,9 @@ current step is done (its checkpoint and validation included). `CheckpointOnStop
 that step, which resumes exactly like any step checkpoint, and logs the command that resumes it;
 `stop_on_signals` makes the run exit non-zero (128 + the signal's number, as if killed by it).
 
+Ctrl-C (SIGINT) stops the run the same way (exit 130); a second Ctrl-C stops it at once, through Lightning's
+KeyboardInterrupt path, without a checkpoint of the current step (exit 130 too).
+
 SLURM's requeue signal (`trainer=slurm`: SLURMEnvironment's `requeue_signal` with `auto_requeue`) stops the
 run the same way, then requeues the job. It is handled here rather than by Lightning's auto-requeue handler,
 which writes its checkpoint inside the signal handler, at whatever point of a step the signal arrives; while
@@ -101,33 +104,57 @@ def requeue_slurm_job() -> None:
         log.warning("requeued SLURM job %s", job)
 
 
+def requeue_signal(trainer: L.Trainer) -> int | None:
+    """The signal on which SLURM requeues this run (`trainer=slurm`), or None; SIGTERM is a plain stop."""
+    environment = getattr(trainer.strategy, "cluster_environment", None)
+    if isinstance(environment, SLURMEnvironment) and environment.auto_requeue:
+        return None if environment.requeue_signal == signal.SIGTERM else environment.requeue_signal
+    return None
+
+
+def lightning_listens() -> bool:
+    """Whether Lightning's SIGTERM handler, which turns SIGTERM into its stop flag, is in place (it is inside
+    fit and validate only)."""
+    return signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, signal.SIG_IGN, None)
+
+
 @contextlib.contextmanager
 def stop_on_signals(trainer: L.Trainer) -> Iterator[None]:
-    """Around the trainer's fit / validate calls: a run stopped by SIGTERM exits with 128 + 15; with a SLURM
-    environment that requeues, its requeue signal stops the run like SIGTERM, and rank 0 then requeues the
-    job (exit 128 + that signal's number)."""
-    environment = getattr(trainer.strategy, "cluster_environment", None)
-    requeue = None
-    if isinstance(environment, SLURMEnvironment) and environment.auto_requeue:
-        requeue = environment.requeue_signal
-    if requeue == signal.SIGTERM or threading.current_thread() is not threading.main_thread():
-        requeue = None  # SIGTERM: a plain stop, no requeue; only the main thread may set signal handlers
+    """Around the trainer's fit / validate calls: a run stopped by SIGTERM exits with 128 + 15, by Ctrl-C with
+    128 + 2 (a second Ctrl-C stops at once); with a SLURM environment that requeues, its requeue signal stops
+    the run like SIGTERM, and rank 0 then requeues the job (exit 128 + that signal's number)."""
+    requeue = requeue_signal(trainer)
+    handled = [signal.SIGINT, *([requeue] if requeue else [])]
+    if threading.current_thread() is not threading.main_thread():
+        handled = []  # only the main thread may set signal handlers
     received: list[int] = []
     pid = os.getpid()
 
-    def on_requeue_signal(signum: int, frame) -> None:
-        if os.getpid() == pid:  # forked DataLoader workers inherit the handler and get SLURM's signal too
-            received.append(signum)
-            signal.raise_signal(signal.SIGTERM)  # Lightning's SIGTERM flag: stop after this step
+    def on_stop_signal(signum: int, frame) -> None:
+        # forked DataLoader workers inherit the handler, and SLURM's signal and a Ctrl-C reach them too
+        if os.getpid() != pid:
+            return
+        received.append(signum)
+        if signum == signal.SIGINT and (received.count(signum) > 1 or not lightning_listens()):
+            raise KeyboardInterrupt  # a second Ctrl-C, or one outside fit / validate: stop at once
+        if signum == signal.SIGINT and trainer.is_global_zero:
+            log.warning("Ctrl-C: stopping after this step with a checkpoint; Ctrl-C again stops at once")
+        signal.raise_signal(signal.SIGTERM)  # Lightning's SIGTERM flag: stop after this step
 
-    previous = signal.signal(requeue, on_requeue_signal) if requeue else None
+    previous = {signum: signal.signal(signum, on_stop_signal) for signum in handled}
     try:
         yield
     except SIGTERMException as stop:
         signum = received[0] if received else signal.SIGTERM
-        if received and trainer.is_global_zero:
+        if signum == requeue and trainer.is_global_zero:
             requeue_slurm_job()
         raise SystemExit(128 + signum) from stop
+    except KeyboardInterrupt as stop:  # a second Ctrl-C during Lightning's stop
+        raise SystemExit(128 + signal.SIGINT) from stop
+    except SystemExit as stop:
+        if signal.SIGINT in received and stop.code == 1:  # Lightning ends a KeyboardInterrupt with exit(1)
+            raise SystemExit(128 + signal.SIGINT) from stop
+        raise
     finally:
-        if requeue:
-            signal.signal(requeue, signal.SIG_DFL if previous is None else previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)

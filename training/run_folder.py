@@ -1,6 +1,7 @@
 """The run folder of a launch (`mulo-train`, `mulo-eval`, `mulo-decode`): a lock that keeps a second live
-writer out, and the earlier launches' Hydra files kept when a launch resumes into the same folder. (The
-default folder's unique name is `${job_or_time:...}` of training/config.py.)
+writer out from start-up to the end of the run (a multirun's sweep folder for the whole sweep), and the
+earlier launches' Hydra files kept when a launch resumes into the same folder. (The default folder's unique
+name is `${job_or_time:...}` of training/config.py.)
 
 Only the launcher process takes the lock: the further ranks of a DDP run (Lightning's script launcher,
 torchrun, SLURM tasks) write into the same folder on purpose. The kernel drops the lock when its holder
@@ -28,6 +29,7 @@ from omegaconf import DictConfig, read_write
 log = logging.getLogger(__name__)
 
 LOCK_FILE = "run.lock"
+SWEEP_KNOB = "hydra.sweep.dir"
 HYDRA_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")
 # set to a non-zero value in the processes of further ranks by Lightning's launcher, torchrun and SLURM
 RANK_VARIABLES = ("RANK", "LOCAL_RANK", "NODE_RANK", "SLURM_PROCID")
@@ -45,9 +47,10 @@ class RunFolderBusy(RuntimeError):
 _held: dict[str, list[int]] = {}  # folder -> [lock file descriptor, nested holds in this process]
 
 
-def hold(folder: str | os.PathLike) -> None:
+def hold(folder: str | os.PathLike, knob: str = "hydra.run.dir") -> None:
     """Lock `folder` (created if missing) for this process; nested holds by one process are allowed. Raises
-    RunFolderBusy naming the holder when another live process has it. Does nothing in further ranks."""
+    RunFolderBusy naming the holder, and `knob` (the setting that names another folder), when another live
+    process has it. Does nothing in further ranks."""
     if not is_launcher():
         return
     key = os.path.realpath(folder)
@@ -63,7 +66,7 @@ def hold(folder: str | os.PathLike) -> None:
         holder = os.read(fd, 4096).decode(errors="replace")
         os.close(fd)
         if err.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
-            raise RunFolderBusy(busy_message(key, path, holder)) from None
+            raise RunFolderBusy(busy_message(key, path, holder, knob)) from None
         # a file system without locks: run, but say that nothing guards the folder
         log.warning("cannot lock %s (%s): nothing keeps a second run out of this folder", path, err)
         return
@@ -74,15 +77,16 @@ def hold(folder: str | os.PathLike) -> None:
     _held[key] = [fd, 1]
 
 
-def busy_message(folder: str, path: str, holder: str) -> str:
+def busy_message(folder: str, path: str, holder: str, knob: str) -> str:
     try:
         who = json.loads(holder)
         who = f"pid {who['pid']} on host {who['host']} since {who['since']}: {who['command']}"
     except (ValueError, KeyError):
         who = "a process that has not written its name yet"
+    what = "sweep folder" if knob == SWEEP_KNOB else "run folder"
     return (
-        f"run folder {folder} is in use by {who}. Two runs writing one folder overwrite each other's "
-        "checkpoints and logs: wait for that run to end, or give this one another folder (hydra.run.dir=). "
+        f"{what} {folder} is in use by {who}. Two runs writing one folder overwrite each other's "
+        f"checkpoints and logs: wait for that run to end, or give this one another folder ({knob}=). "
         f"The lock is {path}; the kernel releases it when its holder exits."
     )
 
@@ -125,8 +129,10 @@ def keep_previous_launch(hydra_dir: Path) -> Path | None:
 
 class RunFolderCallback(Callback):
     """Hydra callback (conf/hydra/default.yaml): locks the run folder and keeps the previous launch's Hydra
-    files, both before Hydra writes `.hydra/` for this launch. Multirun jobs have a folder each, locked by
-    `mulo_sd.training.train.run`."""
+    files, both before Hydra writes `.hydra/` for this launch. A multirun's sweep folder is locked for the
+    whole sweep, before Hydra writes its multirun.yaml and the first job's folder, so two sweeps into one
+    `hydra.sweep.dir` cannot mix their jobs (each job's folder is locked by `mulo_sd.training.train.run`
+    too)."""
 
     def __init__(self) -> None:
         self.folder: Path | None = None
@@ -138,14 +144,28 @@ class RunFolderCallback(Callback):
             with read_write(config.hydra):
                 config.hydra.output_subdir = None
             return
-        try:
-            hold(config.hydra.run.dir)
-        except RunFolderBusy as err:  # Hydra turns a callback's exceptions into warnings, and goes on
-            raise SystemExit(f"error: {err}") from None
-        self.folder = Path(config.hydra.run.dir)
+        self.take(config.hydra.run.dir, "hydra.run.dir")
         if config.hydra.output_subdir is not None:
             keep_previous_launch(self.folder / config.hydra.output_subdir)
 
     def on_run_end(self, config: DictConfig, **kwargs) -> None:
+        self.give_back()
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        if is_launcher():
+            self.take(config.hydra.sweep.dir, SWEEP_KNOB)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        self.give_back()
+
+    def take(self, folder: str, knob: str) -> None:
+        try:
+            hold(folder, knob)
+        except RunFolderBusy as err:  # Hydra turns a callback's exceptions into warnings, and goes on
+            raise SystemExit(f"error: {err}") from None
+        self.folder = Path(folder)
+
+    def give_back(self) -> None:
         if self.folder is not None:
             release(self.folder)
+            self.folder = None

@@ -39,10 +39,16 @@ def test_run_ends_with_one_weights_only_last_checkpoint_of_its_final_step(tmp_pa
     assert module.optim_cfg.total_steps == 4 and module.vq.codebook_size == 64
 
 
-# what each file pickles, as the error names it
+# what each file pickles, as the error names it (among the globals it lists)
 FOREIGN = {
-    "arbitrary object": ({"state_dict": {}, "payload": Payload()}, "tests.training.test_checkpoints.Payload"),
-    "older checkpoint": ({"hyper_parameters": {"l": OmegaConf.create({"l1": 1})}}, r"omegaconf\S*DictConfig"),
+    "arbitrary object": (
+        {"state_dict": {}, "payload": Payload()},
+        r"tests\.training\.test_checkpoints\.Payload",
+    ),
+    "older checkpoint": (
+        {"hyper_parameters": {"l": OmegaConf.create({"l1": 1})}},
+        r"omegaconf\S*\.DictConfig",
+    ),
 }
 
 
@@ -53,7 +59,8 @@ def test_checkpoint_holding_pickled_objects_is_refused_naming_the_opt_in(tmp_pat
     path = tmp_path / "foreign.ckpt"
     torch.save(content, path)
     overrides = [*TINY_VQ, f"ckpt_path={path}", f"validate_first={validate_first}"]
-    expected = rf"ckpt_path={path}: the file holds pickled Python objects \({needs}\).*trust_checkpoint=true"
+    listed = rf"\([^)]*{needs}[^)]*\)"
+    expected = rf"ckpt_path={path}: the file holds pickled Python objects {listed}.*trust_checkpoint=true"
     with pytest.raises(ValueError, match=expected):
         run(compose_train_config(tmp_path, overrides))
     assert not (tmp_path / "run" / "checkpoints").exists()  # refused before anything ran
@@ -66,3 +73,24 @@ def test_trusted_checkpoints_are_loaded_without_the_check(tmp_path):
     torch.save({"state_dict": {"w": torch.zeros(2)}, "numpy": ("MT19937", torch.zeros(3), 1, 0, 0.0)}, path)
     assert weights_only_loading(str(path), trust=False) is True
     assert weights_only_loading(None, trust=False) is True
+
+
+@pytest.mark.parametrize("trust", [False, True])
+@pytest.mark.parametrize("kept", [0.5, 0.0], ids=["truncated", "empty"])
+def test_a_truncated_checkpoint_is_refused_naming_it_and_the_readable_ones_beside_it(tmp_path, trust, kept):
+    folder = tmp_path / "old" / "checkpoints"
+    folder.mkdir(parents=True)
+    for name in ("step000003.ckpt", "step000006.ckpt", "last.ckpt"):
+        torch.save({"state_dict": {"w": torch.arange(1000.0)}, "global_step": 6}, folder / name)
+    for name in ("step000006.ckpt", "last.ckpt"):  # a copy, or a save, that stopped part way
+        data = (folder / name).read_bytes()
+        (folder / name).write_bytes(data[: int(len(data) * kept)])
+    last = folder / "last.ckpt"
+    overrides = [*TINY_VQ, f"ckpt_path={last}", f"trust_checkpoint={trust}"]
+    expected = (
+        rf"ckpt_path={last}: not a readable checkpoint \({last.stat().st_size} bytes; .*truncated or corrupt"
+    )
+    with pytest.raises(ValueError, match=expected) as refused:
+        run(compose_train_config(tmp_path, overrides))
+    assert str(refused.value).endswith(f"Readable checkpoints beside it in {folder}: step000003.ckpt.")
+    assert not (tmp_path / "run" / "checkpoints").exists()  # refused before anything ran

@@ -1,6 +1,7 @@
 """Run folders (training/run_folder.py, conf/hydra/default.yaml, training/csv_logger.py): a second live run is
-refused, a dead one's lock does not block, default folders are unique per launch, and a run resumed into its
-own folder keeps the metrics and Hydra files of the launches before."""
+refused (a second sweep into a multirun's sweep folder too), a dead one's lock does not block, default
+folders are unique per launch, and a run resumed into its own folder keeps the metrics and Hydra files of the
+launches before."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import time
 from pathlib import Path
 
 import hydra
+import lightning as L
 import pytest
 from mulo_sd.training.config import CONFIG_DIR
 from mulo_sd.training.run_folder import (
@@ -31,6 +33,8 @@ from omegaconf import OmegaConf
 
 from tests.helpers import compose_train_config
 from tests.training.test_train_vq import TINY_VQ
+
+REPO = Path(__file__).resolve().parents[2]
 
 HOLDER = (
     "import sys; from mulo_sd.training.run_folder import hold; hold(sys.argv[1]); print('held', flush=True); "
@@ -137,6 +141,34 @@ def test_callback_keeps_each_launchs_hydra_files_and_refuses_a_busy_folder(tmp_p
     assert not (folder / ".hydra" / "launch-3").exists()
 
 
+def test_callback_locks_the_sweep_folder_for_the_whole_multirun(tmp_path, as_launcher):
+    sweep = tmp_path / "sweep"
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep)}}})
+    probe = [sys.executable, "-c", HOLDER.replace("sys.stdin.read()", "pass"), str(sweep)]
+
+    def other_process_gets_it() -> bool:
+        return subprocess.run(probe, capture_output=True, env=launcher_env()).returncode == 0
+
+    callback = RunFolderCallback()
+    callback.on_multirun_start(config)  # before Hydra writes multirun.yaml and the first job's folder
+    assert not other_process_gets_it()
+    callback.on_multirun_end(config)
+    assert other_process_gets_it()
+
+    other = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(sweep)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        env=launcher_env(),
+    )  # fmt: skip
+    try:
+        assert other.stdout.readline().strip() == "held"
+        expected = rf"sweep folder {sweep} is in use by pid {other.pid} .*\(hydra\.sweep\.dir=\)"
+        with pytest.raises(SystemExit, match=expected):
+            RunFolderCallback().on_multirun_start(config)
+    finally:
+        other.kill()
+        other.wait()
+
+
 def test_default_run_folders_are_unique_per_launch(tmp_path, monkeypatch):
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     with hydra.initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
@@ -199,3 +231,74 @@ def test_mulo_train_resumes_into_its_folder_and_refuses_a_second_live_run(tmp_pa
     assert "trainer.max_steps=2" in overrides[0] and resume not in overrides[0]
     assert "trainer.max_steps=100000" in overrides[1] and resume in overrides[1]
     assert not (run_dir / ".hydra" / "launch-2").exists()  # the refused run moved and wrote nothing
+
+
+def outputs(*processes: subprocess.Popen) -> list[str]:
+    return [process.communicate()[0] for process in processes]
+
+
+@pytest.mark.slow
+def test_two_runs_started_seconds_apart_into_one_folder_the_second_is_refused_before_training(tmp_path):
+    run_dir, data_dir = tmp_path / "run", tmp_path / "data"
+    common = ["trainer.val_check_interval=100000", "callbacks.checkpoint.every_n_train_steps=100000"]
+    runs = [mulo_train(run_dir, data_dir, *common, "trainer.max_steps=3", "seed=1")]
+    time.sleep(2)  # the first is still importing: neither has the lock yet
+    runs.append(mulo_train(run_dir, data_dir, *common, "trainer.max_steps=3", "seed=2"))
+    texts = outputs(*runs)
+    codes = [process.returncode for process in runs]
+    assert sorted(codes) == [0, 1], texts  # whichever of the two locked the folder first trains
+    winner, loser = (0, 1) if codes[0] == 0 else (1, 0)
+    refused = texts[loser]
+    assert f"error: run folder {run_dir} is in use by pid {runs[winner].pid} on host " in refused
+    assert "GPU available" not in refused  # it stopped before building its Trainer
+    assert metric_steps(run_dir, "train/loss") == [0, 1, 2]  # one run's steps, once
+    assert f"seed={winner + 1}" in OmegaConf.load(run_dir / ".hydra" / "overrides.yaml")
+    assert not (run_dir / ".hydra" / "launch-1").exists()  # the refused run moved and wrote nothing
+
+
+class WaitForRelease(L.Callback):
+    """At the start of training creates `marker`, then waits until `release` exists (at most `timeout` s),
+    so that a test acts while the run is at a known point."""
+
+    def __init__(self, marker: str, release: str, timeout: float = 120.0):
+        self.marker, self.release, self.timeout = Path(marker), Path(release), timeout
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.marker.touch()
+        deadline = time.monotonic() + self.timeout
+        while not self.release.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
+def mulo_train_sweep(sweep_dir: Path, data_dir: Path, seeds: str, *overrides: str) -> subprocess.Popen:
+    """A multirun over `seed=<seeds>` of 2 steps a job into `sweep_dir` (`python -m`: the tests import)."""
+    args = [*TINY_VQ, f"paths.data_dir={data_dir}", f"hydra.sweep.dir={sweep_dir}", f"seed={seeds}",
+            "trainer.max_steps=2", "trainer.val_check_interval=100000",
+            "callbacks.checkpoint.every_n_train_steps=100000", *overrides]  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "mulo_sd.training.train", "-m", *args], cwd=REPO, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, env=launcher_env(),
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_second_sweep_into_one_sweep_folder_is_refused_before_its_first_job(tmp_path):
+    sweep, data_dir, started, release = tmp_path / "sweep", tmp_path / "data", tmp_path / "a", tmp_path / "b"
+    wait = [f"+callbacks.wait._target_={__name__}.WaitForRelease", f"+callbacks.wait.marker={started}",
+            f"+callbacks.wait.release={release}"]  # fmt: skip
+    first = mulo_train_sweep(sweep, data_dir, "1,2", *wait)  # its first job waits in training
+    while not started.exists():
+        assert first.poll() is None, first.stdout.read()
+        time.sleep(0.2)
+    second = mulo_train_sweep(sweep, data_dir, "3,4")
+    refused = second.communicate()[0]
+    release.touch()
+    assert second.returncode == 1, refused
+    assert f"error: sweep folder {sweep} is in use by pid {first.pid} on host " in refused
+    assert "hydra.sweep.dir=" in refused and "GPU available" not in refused  # before its first job
+    assert first.wait() == 0, first.stdout.read()
+    assert "seed=1,2" in OmegaConf.load(sweep / "multirun.yaml").hydra.overrides.task
+    for job, seed in (("0", 1), ("1", 2)):  # the first sweep's jobs, nothing of the second's
+        assert f"seed={seed}" in OmegaConf.load(sweep / job / ".hydra" / "overrides.yaml")
+        assert metric_steps(sweep / job, "train/loss") == [0, 1]
+    assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["0", "1"]
