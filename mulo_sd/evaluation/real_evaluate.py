@@ -37,11 +37,12 @@ from mulo_sd.evaluation.matched_quality import matched_runs
 from mulo_sd.evaluation.metrics.clip_score import clip_score
 from mulo_sd.evaluation.metrics.fid import FIDStatistics, extract_features, frechet_distance
 from mulo_sd.evaluation.metrics.images import load_image
+from mulo_sd.evaluation.plots import plot_grid, plot_speed_quality
 from mulo_sd.evaluation.prompt_sets import PromptRecord, PromptSet, split_dev_test
 from mulo_sd.evaluation.runs import reference_run
 from mulo_sd.evaluation.summaries import summarize
 from mulo_sd.evaluation.tables import markdown_table
-from mulo_sd.evaluation.writers import plot_grid, plot_speed_quality, write_csv
+from mulo_sd.evaluation.writers import write_csv
 from mulo_sd.testbed.prompts import Prompt
 
 SPEED_COLUMNS = (

@@ -5,12 +5,10 @@ references.csv, speed_quality.png, ablations.png and the image grid.
 from __future__ import annotations
 
 import csv
-import textwrap
 from pathlib import Path
 
-import torch
-
 from mulo_sd.decoding.sampling import SamplerConfig
+from mulo_sd.evaluation.plots import plot_grid, plot_speed_quality
 from mulo_sd.evaluation.runs import RunSpec
 from mulo_sd.evaluation.summaries import reported_splits
 from mulo_sd.evaluation.tables import (
@@ -117,63 +115,3 @@ def write_csv(path: Path, rows: list[dict]) -> None:
         writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
         writer.writerows(rows)
-
-
-def plot_speed_quality(summary: list[dict], path: Path, quality: str | None = None) -> Path:
-    """Speedup (x) against quality (y: the column `quality`; by default the SceneEval score, else the target
-    NLL), one curve per family."""
-    from matplotlib.figure import Figure  # the object API: no pyplot state, no display backend
-
-    if quality is None:
-        quality = "sceneeval" if all("sceneeval" in e for e in summary) else "nll_mean"
-        if not all(quality in e for e in summary):
-            quality = "step_ratio_median"  # no quality measured (quality=False): steps against time instead
-    names = {
-        "sceneeval": "SceneEval score (higher is better)",
-        "nll_mean": "target NLL of the tokens (lower is better)",
-        "step_ratio_median": "sequential-step ratio over AR",
-        "clip_score": "CLIP score (higher is better)",
-        "fid": "FID (lower is better)",
-    }
-    figure = Figure(figsize=(6.5, 4.5))
-    axes = figure.add_subplot()
-    for family in dict.fromkeys(e["family"] for e in summary):
-        points = sorted(
-            (e["speedup_median"], e[quality], e["label"]) for e in summary if e["family"] == family
-        )
-        axes.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=family)
-        for x, y, label in points if len(points) > 1 else []:  # a sweep: name each point's setting
-            text = label[len(family) :].strip()
-            axes.annotate(text, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
-    axes.axvline(1.0, color="grey", linewidth=0.6)
-    axes.set_xlabel("speedup over AR (median of per-prompt ratios)")
-    axes.set_ylabel(names[quality])
-    axes.grid(alpha=0.3)
-    axes.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    return path
-
-
-def plot_grid(
-    images: list[list[torch.Tensor]], row_labels: list[str], col_labels: list[str], path: Path
-) -> Path:
-    """An image grid: images[row][col] [3, H, W] in [-1, 1], rows and columns labelled."""
-    from matplotlib.figure import Figure
-
-    rows, cols = len(images), len(images[0])
-    figure = Figure(figsize=(1.6 * cols + 1.4, 1.6 * rows + 0.8))
-    axes = figure.subplots(rows, cols, squeeze=False)
-    for r in range(rows):
-        for c in range(cols):
-            ax = axes[r][c]
-            ax.imshow(((images[r][c].float().cpu() + 1) / 2).clamp(0, 1).permute(1, 2, 0).numpy())
-            ax.set_xticks([])
-            ax.set_yticks([])
-            if c == 0:
-                ax.set_ylabel(textwrap.fill(row_labels[r], 18), fontsize=7)
-            if r == 0:
-                ax.set_title(textwrap.fill(col_labels[c], 24), fontsize=6)
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    return path

@@ -10,7 +10,9 @@ Knobs are the method function's own keyword arguments (`method_knobs(method)` li
 defaults: `RECOMMENDED` over the function's own), plus, for `mulo`, the ones that pick its models:
 - r: 2 or 4, the scale between target and drafter (drafter_r2 / drafter_r4);
 - upsampler: 'latent' (the learned upsampler_r{r}) or 'pixel' (VQ-decode, resize, VQ-encode);
-- downsampler: 'latent' or 'pixel'; None: the same kind as the up-sampler;
+- downsampler: 'latent' or 'pixel'; None: the same kind as the up-sampler. Only the modes that draft from
+  down-sampled accepted rows use one (methods/mulo.py `uses_downsampler`: rejection='raster' or a
+  rows_per_cycle); the others load none, so a set without downsampler_r{r} decodes them;
 - pixel_mode: the interpolation of the pixel up-sampler (pixel_samplers.MODES).
 A knob that the chosen mode ignores (`IGNORED`, e.g. `l` with rejection='raster') is an error when it is
 given, so no setting is dropped silently. `lantern` drafts with drafter_small (a smaller same-resolution
@@ -36,7 +38,7 @@ from mulo_sd.decoding.methods import (
     decode_mulo,
     decode_zipar,
 )
-from mulo_sd.decoding.methods.mulo import REJECTIONS
+from mulo_sd.decoding.methods.mulo import REJECTIONS, uses_downsampler
 from mulo_sd.decoding.neighbours import codebook_neighbours
 from mulo_sd.decoding.sampling import SamplerConfig
 from mulo_sd.nets.pixel_samplers import PixelDownsampler, PixelUpsampler
@@ -56,6 +58,17 @@ SCALES = (2, 4)
 SAMPLER_KINDS = ("latent", "pixel")
 LANTERN_DRAFTER = "LANTERN drafts with a smaller model at the target's resolution"
 EAGLE_HEAD = "EAGLE-2 drafts with a feature-level head trained for the target"
+DOWNSAMPLER = (
+    "MuLo-SD with rejection=raster or a rows_per_cycle drafts from down-sampled accepted rows; the default "
+    "(local rejection, one cycle) needs none, and downsampler=pixel needs no trained one"
+)
+# role -> why a decode needs it, for the error when a set lacks it
+PURPOSES = {
+    "drafter_small": LANTERN_DRAFTER,
+    "eagle_head": EAGLE_HEAD,
+    "downsampler_r2": DOWNSAMPLER,
+    "downsampler_r4": DOWNSAMPLER,
+}
 # arguments of the method functions that decode() fills in itself
 _NOT_KNOBS = {
     "model", "target", "drafter", "upsampler", "downsampler", "cond", "sampler", "generator", "neighbours",
@@ -64,8 +77,8 @@ _NOT_KNOBS = {
 _MULO_MODEL_KNOBS = {"r": REQUIRED, "upsampler": "latent", "downsampler": None, "pixel_mode": "bicubic"}
 # The defaults of `decode` and `mulo-decode`: the settings the README recommends for the testbed ("Results on
 # the testbed", conf/eval/paper_table_quick.yaml), over the method functions' own defaults. mulo: MuLo-SD 2x
-# with the typical accept rule at tau=0.02, l=0, ZipAR window 1 for drafting and islands (6.7x faster than AR
-# on the test prompts at FD 13.1, against the absolute rule's 5.1x at FD 15.0 with tau=0.01); lantern:
+# with the typical accept rule at tau=0.02, l=0, ZipAR window 1 for drafting and islands (its speedup and FD
+# against the paper's absolute rule: the README's table, "MuLo-SD (2x) typical (the default)"); lantern:
 # delta=0.4, 4 drafts, k=64 pooled codes (LANTERN's 1000 of LlamaGen's 16384, as a share of the testbed's
 # 1024); zipar: window 4, its matched-quality setting.
 RECOMMENDED = {
@@ -170,8 +183,15 @@ def required_models(method: str, knobs: dict) -> list[str]:
     if method == "mulo":
         r = knobs["r"]
         names.append(f"drafter_r{r}")
-        names += [f"{kind}_r{r}" for kind in ("upsampler", "downsampler") if knobs[kind] == "latent"]
+        if knobs["upsampler"] == "latent":
+            names.append(f"upsampler_r{r}")
+        if knobs["downsampler"] == "latent" and _uses_downsampler(knobs):
+            names.append(f"downsampler_r{r}")
     return names
+
+
+def _uses_downsampler(knobs: dict) -> bool:
+    return uses_downsampler(knobs["rejection"], knobs["rows_per_cycle"])
 
 
 _neighbour_tables: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -228,9 +248,18 @@ def decode(
     r, up, down, mode = (knobs.pop(name) for name in ("r", "upsampler", "downsampler", "pixel_mode"))
     drafter = models.require(f"drafter_r{r}", f"MuLo-SD's drafter at the target's resolution / {r}")
     upsampler = models.require(f"upsampler_r{r}") if up == "latent" else PixelUpsampler(tokenizer, r, mode)
-    downsampler = models.require(f"downsampler_r{r}") if down == "latent" else PixelDownsampler(tokenizer, r)
+    downsampler = _downsampler(models, r, down, knobs)
     neighbours = neighbour_table(tokenizer, knobs["k"])
     return decode_mulo(target, drafter, upsampler, downsampler, neighbours=neighbours, **knobs, **common)
+
+
+def _downsampler(models: Models, r: int, kind: str, knobs: dict):
+    """decode_mulo's down-sampler of `kind`; None for a mode that never calls one."""
+    if not _uses_downsampler(knobs):
+        return None
+    if kind == "pixel":
+        return PixelDownsampler(models.require("vq"), r)
+    return models.require(f"downsampler_r{r}", DOWNSAMPLER)
 
 
 def tensor_to_pil(image: torch.Tensor) -> Image.Image:

@@ -26,7 +26,7 @@ from PIL import Image
 from mulo_sd.decoding.methods import DecodeResult
 from mulo_sd.decoding.sampling import SamplerConfig
 from mulo_sd.decoding.stats import DecodeStats
-from mulo_sd.pipeline.decode_entry import LANTERN_DRAFTER, decode, required_models, tensor_to_pil
+from mulo_sd.pipeline.decode_entry import PURPOSES, decode, required_models, tensor_to_pil
 from mulo_sd.pipeline.model_set import Models, ModelSet, load_model_set
 from mulo_sd.pipeline.roles import MLLM, ROLES, TATOK
 from mulo_sd.pipeline.set_files import set_config
@@ -113,7 +113,7 @@ class MuLoPipeline:
         if self.condition_kind == "tatok" and not condition:
             names += [MLLM, TATOK]
         for name in names:  # a role the set lacks fails before anything loads
-            purpose = LANTERN_DRAFTER if name == "drafter_small" else f"method={method} uses it"
+            purpose = PURPOSES.get(name, f"method={method} uses it")
             self.model_set.path(name, purpose)
         return names
 

@@ -132,7 +132,7 @@ def test_the_sets_bring_tars_sampling_defaults_bf16_and_cuda(tar_root, tmp_path,
         run(cfg)
     model_set, names, device = seen["args"]
     assert device == "cuda" and model_set.dtype == "bfloat16" and model_set.family == "tar"
-    assert names == ["vq", "target", "drafter_r4", "upsampler_r4", "downsampler_r4", "mllm", "tatok"]
+    assert names == ["vq", "target", "drafter_r4", "upsampler_r4", "mllm", "tatok"]  # one cycle: no D_r
 
 
 class Stopped(Exception):

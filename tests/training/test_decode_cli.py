@@ -187,7 +187,7 @@ def test_recommended_knobs_are_the_defaults():
     assert resolve_knobs("lantern", {}) == {"k": 64, "delta": 0.4, "draft_len": 4}
     assert resolve_knobs("zipar", {}) == {"window": 4}
     assert resolve_knobs("mulo", {"tau": 0.2, "r": 4}) == {**resolve_knobs("mulo", {}), "tau": 0.2, "r": 4}
-    assert required_models("mulo", {}) == ["vq", "target", "drafter_r2", "upsampler_r2", "downsampler_r2"]
+    assert required_models("mulo", {}) == ["vq", "target", "drafter_r2", "upsampler_r2"]  # one cycle: no D_r
 
 
 # a knob line of conf/decode/default.yaml: "  k: default  # lantern (64), mulo (4): ..."
