@@ -23,6 +23,7 @@ from mulo_sd.training.accumulation import ends_accumulation
 from mulo_sd.training.checkpoints import config_node
 from mulo_sd.training.losses import token_accuracy, token_cross_entropy
 from mulo_sd.training.optim import adamw_cosine, clip_by_norm
+from mulo_sd.training.sample_grid import labelled_grid
 from omegaconf import DictConfig, OmegaConf
 
 from mulo_sd.decoding.methods import decode_ar
@@ -33,6 +34,8 @@ from mulo_sd.nets.vq import VQModel
 from mulo_sd.testbed.captions import MAX_CAPTION_WORDS, VOCAB, encode_caption
 
 log = logging.getLogger(__name__)
+
+SAMPLE_ROWS = ["ground truth (decoded tokens)", "AR samples, same captions"]  # the sample grid's rows
 
 
 def token_grid(batch: dict, key: str, grid_size: tuple, expected: str, hint: str = "") -> torch.Tensor:
@@ -248,15 +251,17 @@ class ARLightning(L.LightningModule):
 
     @torch.no_grad()
     def log_samples(self, captions: list[str], grids: torch.Tensor, folder: Path) -> None:
-        """Decoded ground-truth tokens (top row) over AR samples for the same captions (bottom row)."""
+        """Decoded ground-truth tokens (top row) over AR samples for the same captions (bottom row), the rows
+        named in the image."""
         settings = OmegaConf.to_container(self.samples_cfg, resolve=True)
-        count, seed = settings.pop("count"), settings.pop("seed")
+        del settings["count"]  # the batch holds that many
+        seed = settings.pop("seed")
         vq = VQModel.from_pretrained(self.tokenizer, self.device)
         words = torch.stack([encode_caption(text, MAX_CAPTION_WORDS) for text in captions]).to(self.device)
         generator = torch.Generator(self.device).manual_seed(seed)
         sampled = decode_ar(self.eval_gpt, words, SamplerConfig(**settings), generator, tokenizer=vq).image
-        images = torch.cat([vq.decode(grids), sampled]).float().add(1).div(2).clamp(0, 1)
-        grid = torchvision.utils.make_grid(images, nrow=count, padding=2, pad_value=1.0)
+        rows = [images.float().add(1).div(2).clamp(0, 1) for images in (vq.decode(grids), sampled)]
+        grid = labelled_grid(rows, SAMPLE_ROWS)
         path = folder / f"step{self.global_step:06d}.png"
         folder.mkdir(parents=True, exist_ok=True)
         torchvision.utils.save_image(grid, path)

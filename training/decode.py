@@ -87,7 +87,9 @@ def prepare_output(out) -> Path:
 
 
 def format_stats(stats: dict) -> str:
-    """Two aligned columns: statistic, value."""
+    """Two aligned columns: statistic, value. Statistics a method does not have (an empty value:
+    `accepted_per_cycle_mean` and `islands_per_cycle` without draft cycles) are left out."""
+    stats = {name: value for name, value in stats.items() if value not in ("", None)}
     width = max(len(name) for name in stats)
     lines = []
     for name, value in stats.items():

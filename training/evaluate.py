@@ -80,7 +80,7 @@ def run(cfg: DictConfig) -> EvalRun | None:
     evaluation = evaluate(
         models, runs, prompts, list(cfg.seeds), sampler, cfg.device, out_dir,
         warmup=cfg.warmup, quality=cfg.quality, grid_prompts=cfg.grid_prompts,
-        progress=cfg.progress, fd_ar_seeds=fd_ar_seeds, bootstrap=bootstrap,
+        progress=cfg.progress, fd_ar_seeds=fd_ar_seeds, bootstrap=bootstrap, fd_min_images=cfg.fd_min_images,
     )  # fmt: skip
     print(evaluation.files["summary_md"].read_text())
     matched = None

@@ -95,7 +95,7 @@ class SamplerLightning(SamplerTraining, SamplerValidation, L.LightningModule):
         self.ema_decay = ema
         self.optim_cfg, self.loss_cfg, self.images_cfg = optim, loss, images
         # the up-sampler's validation metric, and a training loss when lpips_weight > 0
-        self.lpips = LPIPS(**loss.lpips) if kind == "up" else None
+        self.lpips = LPIPS(**loss.lpips, as_loss=loss.lpips_weight > 0) if kind == "up" else None
         self.adversarial = build_adversarial(loss.gan)
         # Generator steps taken; saved in checkpoints, decides when the adversarial loss starts.
         self.register_buffer("generator_step", torch.zeros((), dtype=torch.long))

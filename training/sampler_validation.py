@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 import torchvision
 from lightning.pytorch.loggers import WandbLogger
+from mulo_sd.training.sample_grid import labelled_grid
 from mulo_sd.training.sampler_target import accepted_draft_tokens
 from mulo_sd.training.vq_module import psnr
 from omegaconf import DictConfig, OmegaConf
@@ -116,16 +117,17 @@ class SamplerValidation:
         self, folder: Path, inputs: torch.Tensor, predicted: torch.Tensor, truth: torch.Tensor
     ) -> None:
         """Rows: the decoded input grid, the decoded prediction, the ground-truth image (all at the larger
-        size), as a PNG in `folder` and, with W&B, as a logged image."""
+        size), named in the image, as a PNG in `folder` and, with W&B, as a logged image."""
         size = max(self.high_size, self.low_size)
         rows = [self.vq.decode(inputs), self.vq.decode(predicted), truth]
         rows = [F.interpolate(row.float(), size=(size, size), mode="nearest") for row in rows]
-        images = torch.cat(rows).add(1).div(2).clamp(0, 1)
-        grid = torchvision.utils.make_grid(images, nrow=inputs.shape[0], padding=2, pad_value=1.0)
+        rows = [row.add(1).div(2).clamp(0, 1) for row in rows]
+        what = "up-sampled" if self.kind == "up" else "down-sampled"
+        labels = ["input tokens (decoded)", f"{what} tokens (decoded)", "ground truth"]
+        grid = labelled_grid(rows, labels)
         path = folder / f"step{self.global_step:06d}.png"
         folder.mkdir(parents=True, exist_ok=True)
         torchvision.utils.save_image(grid, path)
         if isinstance(self.logger, WandbLogger):
-            what = "up-sampled" if self.kind == "up" else "down-sampled"
-            caption = f"rows: input tokens (decoded), {what} tokens (decoded), ground truth"
+            caption = f"rows: {', '.join(labels)}"
             self.logger.log_image("val/samples", [grid], step=self.global_step, caption=[caption])

@@ -12,8 +12,10 @@ from mulo_sd.training.accumulation import manual_accumulation
 from mulo_sd.training.callbacks import FinalStep
 from mulo_sd.training.checkpoints import weights_only_loading
 from mulo_sd.training.config import CONFIG_DIR
+from mulo_sd.training.datamodule import samples_read
 from mulo_sd.training.preemption import stop_on_signals
 from mulo_sd.training.run_folder import holding
+from mulo_sd.training.run_messages import print_run_end, print_run_start
 from mulo_sd.training.wandb_resume import continue_wandb_run
 from omegaconf import DictConfig, OmegaConf
 
@@ -27,19 +29,23 @@ def instantiate_group(group: DictConfig | None) -> list:
     return [hydra.utils.instantiate(entry) for entry in group.values() if entry and "_target_" in entry]
 
 
-def prepare_data(data_cfg: DictConfig) -> DictConfig:
-    """Generate the shards a data config asks for under `generate:` (the testbed's SynthScenes), pre-tokenise
-    them when it has a `pretokenize:` block, and point `train_shards` / `val_shards` at the result; return
-    the datamodule's arguments."""
+def prepare_data(data_cfg: DictConfig, trainer_cfg: DictConfig) -> DictConfig:
+    """Generate the shards a data config asks for under `generate:` (the testbed's SynthScenes: the training
+    shards the trainer's steps read, the whole validation set), pre-tokenise them when it has a `pretokenize:`
+    block, and point `train_shards` / `val_shards` at the result; return the datamodule's arguments."""
     # throw_on_missing: a '???' value (data.train_shards of LAION) is a clear error, not the string '???'
     data = OmegaConf.to_container(data_cfg, resolve=True, throw_on_missing=True)
     generate = data.pop("generate", None)
     pretokenize = data.pop("pretokenize", None)
     if generate:
-        from mulo_sd.data.cli import ensure_synthscenes
+        from mulo_sd.data.synthscenes_cache import ensure_synthscenes
 
+        trainer = OmegaConf.to_container(trainer_cfg, resolve=True)
+        needed = {"train": samples_read(trainer, data["batch_size"])}  # validation: the whole set
         for split in ("train", "val"):
-            data[f"{split}_shards"] = ensure_synthscenes(size=generate["size"], **generate[split])
+            data[f"{split}_shards"] = ensure_synthscenes(
+                size=generate["size"], needed=needed.get(split), **generate[split]
+            )
     if pretokenize:
         from mulo_sd.data.pretokenize import ensure_pretokenized
 
@@ -65,9 +71,13 @@ def strategy_for(trainer: DictConfig, model: L.LightningModule) -> dict:
 
 def run(cfg: DictConfig) -> dict[str, float]:
     """Train (or resume) the configured model; export it when `cfg.export` is set. Returns final metrics.
-    The run folder stays locked against a second run meanwhile (training/run_folder.py)."""
+    The run folder stays locked against a second run meanwhile (training/run_folder.py); it is printed when
+    the run starts and ends (training/run_messages.py)."""
+    print_run_start(cfg.paths.output_dir)
     with holding(cfg.paths.output_dir):
-        return train(cfg)
+        metrics = train(cfg)
+    print_run_end(cfg.paths.output_dir, cfg.get("export"))
+    return metrics
 
 
 def train(cfg: DictConfig) -> dict[str, float]:
@@ -76,7 +86,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     # file that needs more is an error naming trust_checkpoint (training/checkpoints.py)
     weights_only = weights_only_loading(cfg.get("ckpt_path"), cfg.get("trust_checkpoint", False))
     L.seed_everything(cfg.seed, workers=True)
-    datamodule = hydra.utils.instantiate(prepare_data(cfg.data))
+    datamodule = hydra.utils.instantiate(prepare_data(cfg.data, cfg.trainer))
     model = hydra.utils.instantiate(cfg.model, loss=cfg.loss, _recursive_=False)
     callbacks = instantiate_group(cfg.get("callbacks"))
     # a manually optimised module accumulates itself: the Trainer gets N only after Lightning's check

@@ -24,7 +24,8 @@ Protocol:
   `d_texture`, the difference to AR's decode of the same prompt and seed; a run's summary gives their means
   and, like the median speedup, a bootstrap interval (`_lo`, `_hi`) over the prompts;
 - FD ratio (mulo_sd/evaluation/fd_ratio.py): `fd_ratio` = a run's FD over AR's, with a bootstrap interval
-  over the prompts on the reported split;
+  over the prompts on the reported split; the tables show no FD of a run of fewer images than FD needs
+  (mulo_sd/evaluation/fd_minimum.py: "n/a (<N images)"; the CSVs keep the numbers);
 - FD to AR (`fd_ar_seeds`): AR decodes every reported prompt once more per extra seed; `fd_ar` is the FD of
   a run's images to those, and AR's own `fd_ar` (AR under other seeds) the floor;
 - splits: prompts carry their split (mulo_sd/testbed/prompts.py); every summary entry is one (split, run).
@@ -49,6 +50,7 @@ import torch
 from tqdm import tqdm
 
 from mulo_sd.decoding.sampling import SamplerConfig
+from mulo_sd.evaluation.fd_minimum import MIN_FD_IMAGES, mark_fd_minimum
 from mulo_sd.evaluation.paired import BOOTSTRAP, Bootstrap
 from mulo_sd.evaluation.quality import OTHER_SEEDS, reference_quality, sceneeval_rows, token_nll
 from mulo_sd.evaluation.runs import RunSpec, reference_run
@@ -84,12 +86,14 @@ def evaluate(
     progress: bool = True,
     fd_ar_seeds: list[int] = (),
     bootstrap: Bootstrap = BOOTSTRAP,
+    fd_min_images: int = MIN_FD_IMAGES,
 ) -> Evaluation:
     """Run the protocol of the module docstring and write its files. SceneEval scores and FD are computed
     when `quality` and `models.sceneeval` is loaded; the NLL whenever `quality`. `progress` shows a bar of the
     decodes done (stderr) with the run being decoded. `fd_ar_seeds` (needs SceneEval): AR's extra seeds for
     `fd_ar`, decoded on the reported prompts (the test split when there is a dev split, else all); disjoint
-    from `seeds` for the floor to mean anything (mulo-eval refuses an overlap)."""
+    from `seeds` for the floor to mean anything (mulo-eval refuses an overlap). The tables show the FDs of
+    a row with fewer than `fd_min_images` images as "n/a" (mulo_sd/evaluation/fd_minimum.py)."""
     reference = reference_run(runs)
     scorer = _checked_scorer(models, prompts, seeds, device, quality, fd_ar_seeds)
     run_models = {
@@ -109,6 +113,7 @@ def evaluate(
     references = []
     if scorer is not None:
         references = _add_frechet_distances(summary, decodes, scorer, models, prompts, reference, bootstrap)
+        mark_fd_minimum([*summary, *references], fd_min_images)
     files = write_outputs(
         Path(out_dir), rows, summary, references, runs, reference, prompts, seeds, sampler, device, warmup,
         shown, decodes.grid,

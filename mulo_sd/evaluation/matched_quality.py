@@ -5,6 +5,7 @@ has both.
 
 from __future__ import annotations
 
+from mulo_sd.evaluation.fd_minimum import BELOW, MINIMUM
 from mulo_sd.evaluation.runs import REFERENCE_METHOD
 
 MATCHED_COLUMNS = (
@@ -104,4 +105,5 @@ def _matched_row(family: str, entry: dict | None) -> dict:
         "d_texture_lo": entry.get("d_texture_lo"), "d_texture_hi": entry.get("d_texture_hi"),
         "texture_gap": entry.get("texture_gap"), "nll": entry.get("nll_mean"),
         "d_nll": entry.get("d_nll"), "d_nll_lo": entry.get("d_nll_lo"), "d_nll_hi": entry.get("d_nll_hi"),
+        MINIMUM: entry.get(MINIMUM), BELOW: entry.get(BELOW),
     }  # fmt: skip

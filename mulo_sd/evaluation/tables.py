@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mulo_sd.evaluation.fd_minimum import without_unsupported_fd
+
 # summary / matched column -> the prefix of its interval bounds (<prefix>_lo, <prefix>_hi)
 BOUNDS = {
     "speedup_median": "speedup", "speedup": "speedup", "d_sceneeval": "d_sceneeval", "d_nll": "d_nll",
@@ -34,8 +36,10 @@ def _cell(value) -> str:
 
 
 def markdown_table(rows: list[dict], columns: tuple[str, ...]) -> str:
-    """A markdown table of `columns` (those present in the rows)."""
+    """A markdown table of `columns` (those present in the rows); an FD below its row's minimum reads
+    "n/a (<N images)" (mulo_sd/evaluation/fd_minimum.py)."""
     columns = [c for c in columns if any(c in row for row in rows)]
+    rows = [without_unsupported_fd(row) for row in rows]
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(_cell(row.get(c)) for c in columns) + " |" for row in rows]
     return "\n".join(lines)

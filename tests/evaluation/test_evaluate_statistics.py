@@ -121,7 +121,7 @@ def test_fd_to_ar_of_ar_against_itself_is_zero_and_positive_under_other_seeds(te
     prompts = evaluation_prompts(4, image_size=16, split="test")
     runs = [RunSpec("ar"), RunSpec("zipar", {"window": 2})]
     same = evaluate(models, runs, prompts, [0], SamplerConfig(), "cpu", tmp_path / "same", warmup=0,
-                    grid_prompts=0, progress=False, fd_ar_seeds=[0])  # fmt: skip
+                    grid_prompts=0, progress=False, fd_ar_seeds=[0], fd_min_images=0)  # fmt: skip
     assert same.summary[0]["fd_ar"] == pytest.approx(0.0, abs=1e-6)  # AR's decodes repeat exactly
     assert same.summary[1]["fd_ar"] > 1e-4
     ar, zipar = same.summary

@@ -3,7 +3,8 @@
 The linear layers' weights ship inside the `lpips` package. The backbone (ImageNet-trained torchvision
 vgg16 / alexnet / squeezenet1_1) is read from the local torch hub cache, where torchvision itself would
 put it; nothing downloads. `pretrained_backbone=False` uses a random backbone (testbed and tests), in
-which case the values are not perceptual, and a warning says so.
+which case the values are not perceptual: a warning says so where a loss uses it (`as_loss`); as a
+validation metric only, its description (`describe()`, logged as `lpips_metric`) does.
 """
 
 from __future__ import annotations
@@ -33,9 +34,12 @@ def backbone_weights_path(net: str) -> Path:
 class LPIPS(nn.Module):
     """Frozen LPIPS distance between image batches in [-1, 1]. Stays in eval mode whatever its parent does,
     and keeps its weights out of the parent's state_dict (they come from the package and the torch cache,
-    not from training)."""
+    not from training). `as_loss`: a training loss uses it (a random backbone warns only then)."""
 
-    def __init__(self, net: str = "vgg", pretrained_backbone: bool = True, linear_weights: bool = True):
+    def __init__(
+        self, net: str = "vgg", pretrained_backbone: bool = True, linear_weights: bool = True,
+        as_loss: bool = True,
+    ):  # fmt: skip
         super().__init__()
         if net not in BACKBONE_WEIGHTS:
             raise ValueError(f"unknown LPIPS backbone {net!r}, expected one of {tuple(BACKBONE_WEIGHTS)}")
@@ -58,12 +62,13 @@ class LPIPS(nn.Module):
             self.backbone = f"{weights_path.name} (ImageNet, from {weights_path.parent})"
         else:
             self.backbone = "random (NOT perceptual)"
-            warnings.warn(
-                f"LPIPS uses a RANDOM {net} backbone (pretrained_backbone=False): its values are not "
-                "perceptual distances and must not be reported as LPIPS",
-                UserWarning,
-                stacklevel=2,
-            )
+            if as_loss:  # a validation metric only: `describe()` says so where it is logged
+                warnings.warn(
+                    f"LPIPS uses a RANDOM {net} backbone (pretrained_backbone=False): its values are not "
+                    "perceptual distances and must not be reported as LPIPS",
+                    UserWarning,
+                    stacklevel=2,
+                )
         frozen(self)
 
     def _load_backbone(self, path: Path) -> None:
