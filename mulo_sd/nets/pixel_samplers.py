@@ -67,34 +67,17 @@ def lanczos_resize(images: torch.Tensor, height: int, width: int) -> torch.Tenso
     return torch.from_numpy(np.array(resized)).to(device=images.device, dtype=images.dtype)
 
 
-class PixelUpsampler:
-    """Up-sample tokens through pixels: `upsample(ids [B, h, w]) -> ids [B, r*h, r*w]`. With `sr_model_path`
-    the file's network does the enlarging and `mode` is unused; it must map [B, 3, H, W] in [-1, 1] to
-    [B, 3, r*H, r*W] (wrap a [0, 1] network as `lambda x: net((x + 1) / 2) * 2 - 1`; export a torch.export
-    program with dynamic height and width if prefixes of several sizes are up-sampled). trust_pickle: let a
-    pickled module file load (load_sr_model).
-
+class _PixelPath:
+    """What both pixel-space samplers share: the VQ they decode and re-encode through, and the scale r.
     A plain object, not an nn.Module: it has no weights of its own, works on the VQ's device, and exported
     programs refuse the train()/eval() calls a parent module would pass on to them."""
 
-    def __init__(
-        self,
-        vq,
-        r: int,
-        mode: str = "bicubic",
-        sr_model_path: str | Path | None = None,
-        trust_pickle: bool = False,
-    ):
+    role = "pixel sampler"
+
+    def __init__(self, vq, r: int):
         if r < 2:
             raise ValueError(f"r must be >= 2 (the scale between the grids), got {r}")
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got '{mode}'")
-        self.vq, self.r, self.mode = vq, r, mode
-        device = vq.codebook.device
-        self.sr_model = None
-        if sr_model_path is not None:
-            self.sr_model = load_sr_model(sr_model_path, device, trust_pickle)
-        self.sr_model_path = sr_model_path
+        self.vq, self.r = vq, r
 
     @property
     def codebook_size(self) -> int:
@@ -105,7 +88,35 @@ class PixelUpsampler:
         return self.vq.code_dim
 
     def check_tokenizer(self, vq) -> None:
-        check_codebook_match("pixel upsampler", self.vq.codebook, vq)
+        check_codebook_match(self.role, self.vq.codebook, vq)
+
+
+class PixelUpsampler(_PixelPath):
+    """Up-sample tokens through pixels: `upsample(ids [B, h, w]) -> ids [B, r*h, r*w]`. With `sr_model_path`
+    the file's network does the enlarging and `mode` is unused; it must map [B, 3, H, W] in [-1, 1] to
+    [B, 3, r*H, r*W] (wrap a [0, 1] network as `lambda x: net((x + 1) / 2) * 2 - 1`; export a torch.export
+    program with dynamic height and width if prefixes of several sizes are up-sampled). trust_pickle: let a
+    pickled module file load (load_sr_model)."""
+
+    role = "pixel upsampler"
+
+    def __init__(
+        self,
+        vq,
+        r: int,
+        mode: str = "bicubic",
+        sr_model_path: str | Path | None = None,
+        trust_pickle: bool = False,
+    ):
+        super().__init__(vq, r)
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got '{mode}'")
+        self.mode = mode
+        device = vq.codebook.device
+        self.sr_model = None
+        if sr_model_path is not None:
+            self.sr_model = load_sr_model(sr_model_path, device, trust_pickle)
+        self.sr_model_path = sr_model_path
 
     def enlarge(self, images: torch.Tensor) -> torch.Tensor:
         """images [B, 3, H, W] -> [B, 3, r*H, r*W], clamped to [-1, 1] (bicubic and Lanczos overshoot)."""
@@ -151,25 +162,10 @@ class PixelUpsampler:
         return self.upsample(ids_low)[:, self.r * first_row :]
 
 
-class PixelDownsampler:
-    """Down-sample tokens through pixels: `downsample(ids [B, H, W]) -> ids [B, H/r, W/r]`; a plain object
-    like PixelUpsampler."""
+class PixelDownsampler(_PixelPath):
+    """Down-sample tokens through pixels: `downsample(ids [B, H, W]) -> ids [B, H/r, W/r]`."""
 
-    def __init__(self, vq, r: int):
-        if r < 2:
-            raise ValueError(f"r must be >= 2 (the scale between the grids), got {r}")
-        self.vq, self.r = vq, r
-
-    @property
-    def codebook_size(self) -> int:
-        return self.vq.codebook_size
-
-    @property
-    def code_dim(self) -> int:
-        return self.vq.code_dim
-
-    def check_tokenizer(self, vq) -> None:
-        check_codebook_match("pixel downsampler", self.vq.codebook, vq)
+    role = "pixel downsampler"
 
     @torch.no_grad()
     def downsample(self, ids_high: torch.Tensor) -> torch.Tensor:
