@@ -3,9 +3,10 @@ Hydra
 `main()` around a plain `run(cfg)` that tests call directly.
 
     mulo-eval eval=speed_zipar            # AR vs ZipAR W=2,4,8: steps, median wall time, per-prompt ratios
+    mulo-eval eval=readme threads=1       # every method at its default knobs: the README's table
     mulo-eval eval=paper_table            # every method's knob sweep + the matched-quality table
     mulo-eval eval=ablations              # the paper's four MuLo-SD ablations + the accept rule (test split)
-    mulo-eval eval=headline               # AR, ZipAR, MuLo-SD 2x and 4x side by side: the README's ratios
+    mulo-eval eval=headline               # AR, ZipAR, MuLo-SD 2x and 4x side by side (docs/results.md)
     mulo-eval eval=smoke logger=wandb     # also log the tables, plot and grid to W&B (offline by default)
     mulo-eval eval=coco5k prompts.file=... # real prompts, FID and CLIP score (docs/real_evaluation.md)
 """

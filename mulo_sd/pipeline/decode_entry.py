@@ -75,10 +75,10 @@ _NOT_KNOBS = {
     "cond_mask", "tokenizer", "head",
 }  # fmt: skip
 _MULO_MODEL_KNOBS = {"r": REQUIRED, "upsampler": "latent", "downsampler": None, "pixel_mode": "bicubic"}
-# The defaults of `decode` and `mulo-decode`: the settings the README recommends for the testbed ("Results on
-# the testbed", conf/eval/paper_table_quick.yaml), over the method functions' own defaults. mulo: MuLo-SD 2x
+# The defaults of `decode` and `mulo-decode`: the settings recommended for the testbed (docs/results.md, the
+# paper table, conf/eval/paper_table_quick.yaml), over the method functions' own defaults. mulo: MuLo-SD 2x
 # with the typical accept rule at tau=0.02, l=0, ZipAR window 1 for drafting and islands (its speedup and FD
-# against the paper's absolute rule: the README's table, "MuLo-SD (2x) typical (the default)"); lantern:
+# against the paper's absolute rule: that table's "MuLo-SD (2x) typical (the default)"); lantern:
 # delta=0.4, 4 drafts, k=64 pooled codes (LANTERN's 1000 of LlamaGen's 16384, as a share of the testbed's
 # 1024); zipar: window 4, its matched-quality setting.
 RECOMMENDED = {
