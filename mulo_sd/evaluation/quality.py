@@ -11,13 +11,8 @@ import torch.nn.functional as F
 from mulo_sd.evaluation.summaries import sceneeval_summary
 from mulo_sd.evaluation.texture import texture_summary, with_texture
 from mulo_sd.testbed.prompts import Prompt
-from mulo_sd.testbed.sceneeval import (
-    check_results,
-    frechet_distance,
-    kind_scores,
-    prompt_scores,
-    scene_features,
-)
+from mulo_sd.testbed.scene_checks import check_results, kind_scores, prompt_scores
+from mulo_sd.testbed.sceneeval import frechet_distance, scene_features
 
 OTHER_SEEDS = "AR (other seeds)"
 
@@ -35,8 +30,10 @@ def token_nll(
 
 
 def sceneeval_rows(scorer, images: torch.Tensor, captions: list[str]) -> list[dict]:
-    """Per image: `sceneeval` (its prompt score) and `sceneeval_<kind>` for each kind its caption states."""
-    results = check_results(*scorer.predict(images), captions)
+    """Per image: `sceneeval` (its prompt score) and `sceneeval_<kind>` for each kind its caption states;
+    `sceneeval_background` (beside the score, not in it) where the scorer has a background head."""
+    backgrounds = scorer.predict_background(images) if scorer.config.background_channels else None
+    results = check_results(*scorer.predict(images), captions, backgrounds=backgrounds)
     return [
         {"sceneeval": float(total)} | {f"sceneeval_{kind}": value for kind, value in kinds.items()}
         for total, kinds in zip(prompt_scores(results), kind_scores(results), strict=True)

@@ -14,10 +14,10 @@ from mulo_sd.evaluation.fd_ratio import fd_ratio_intervals
 from mulo_sd.evaluation.paired import BOOTSTRAP, Bootstrap, interval, per_seed_samples
 from mulo_sd.evaluation.texture import texture_summary
 from mulo_sd.testbed.prompts import Prompt
-from mulo_sd.testbed.sceneeval import CHECK_KINDS
+from mulo_sd.testbed.scene_checks import BACKGROUND, CHECK_KINDS
 
 # per-decode scores differenced with the reference decode (d_<score>)
-PAIRED = ("sceneeval", "nll", "texture")
+PAIRED = ("sceneeval", "nll", "texture", f"sceneeval_{BACKGROUND}")
 
 
 def reported_splits(splits: list[str]) -> list[str]:
@@ -132,7 +132,7 @@ def sceneeval_summary(rows: list[dict]) -> dict:
         "sceneeval": _mean(scores),
         "sceneeval_sem": None if spread is None else spread / len(scores) ** 0.5,
     }
-    for kind in CHECK_KINDS:
+    for kind in (*CHECK_KINDS, BACKGROUND):
         stated = [row[f"sceneeval_{kind}"] for row in rows if row.get(f"sceneeval_{kind}") is not None]
         entry[f"sceneeval_{kind}"] = _mean(stated) if stated else None
     return entry

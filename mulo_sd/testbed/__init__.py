@@ -6,7 +6,8 @@ prompts and SceneEval, the evaluator that checks a caption against an image (doc
 
 from mulo_sd.testbed.captions import encode_caption
 from mulo_sd.testbed.prompts import Prompt, evaluation_prompts
-from mulo_sd.testbed.sceneeval import SceneEval, frechet_distance, scene_features, score
+from mulo_sd.testbed.scene_checks import score
+from mulo_sd.testbed.sceneeval import SceneEval, frechet_distance, scene_features
 from mulo_sd.testbed.synthscenes import render_scene, sample_scene, write_caption
 
 __all__ = [

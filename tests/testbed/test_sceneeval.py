@@ -1,179 +1,32 @@
+import hashlib
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 import scipy.linalg
 import torch
 from hydra import compose, initialize_config_dir
 from mulo_sd.training.config import CONFIG_DIR
-from mulo_sd.training.sceneeval_module import SceneEvalLightning
+from mulo_sd.training.sceneeval_module import SceneEvalBackgroundLightning, SceneEvalLightning
 from mulo_sd.training.train import run
 from omegaconf import OmegaConf
+from safetensors.torch import load_file, save_file
 
+from mulo_sd.nets.io import CONFIG_KEY
 from mulo_sd.nets.vq import VQModel
+from mulo_sd.testbed.scene_truth import PAIR_INDEX, PAIRS, background_targets, batch_targets, density_targets
 from mulo_sd.testbed.sceneeval import (
-    PAIR_INDEX,
-    PAIRS,
-    RELATION_CHECK_OFFSET,
-    Check,
     SceneEval,
     SceneEvalConfig,
-    batch_targets,
-    check_results,
-    density_targets,
     frechet_distance,
     frechet_distance_from_moments,
-    kind_scores,
-    parse_caption,
-    relation_holds,
     scene_features,
-    score,
 )
-from mulo_sd.testbed.synthscenes import COLOURS, SHAPES, render_scene, sample_scene, write_caption
+from mulo_sd.testbed.synthscenes import BACKGROUNDS, COLOURS, SHAPES, sample_scene
 from tests.helpers import tiny_vq
 
 TINY_NET = {"image_size": 32, "patch": 4, "channels": [8, 16]}
-
-
-class Oracle:
-    """Reads the true counts and centroids of known scenes, whatever the pixels: tests the scoring alone."""
-
-    def __init__(self, attributes: list[dict]):
-        self.attributes = attributes
-
-    def predict(self, images):
-        counts, centroids, _ = batch_targets(self.attributes)
-        return counts, centroids
-
-
-def test_parse_hand_captions():
-    checks = parse_caption("two red circles left of a blue star on a striped background")
-    assert checks == [
-        Check("object", "red", "circle"),
-        Check("count", "red", "circle", count=2),
-        Check("colour", "red"),
-        Check("object", "blue", "star"),
-        Check("count", "blue", "star", count=1),
-        Check("colour", "blue"),
-        Check("relation", "red", "circle", relation="left of", other=("blue", "star")),
-    ]
-    checks = parse_caption("an orange square, three green crosses and a pink hexagon on a noisy background")
-    assert [(c.kind, c.colour, c.shape, c.count) for c in checks if c.kind == "count"] == [
-        ("count", "orange", "square", 1),
-        ("count", "green", "cross", 3),
-        ("count", "pink", "hexagon", 1),
-    ]
-    assert not [c for c in checks if c.kind == "relation"]
-    below = parse_caption("four cyan diamonds below two purple triangles on a gradient background")[-1]
-    assert below == Check("relation", "cyan", "diamond", relation="below", other=("purple", "triangle"))
-
-
-@pytest.mark.parametrize(
-    ("caption", "message"),
-    [
-        ("a red circle", "ends with 'on a <kind> background'"),
-        ("a red circle on a plaid background", "unknown background 'plaid'"),
-        ("a magenta circle on a noisy background", "unknown colour 'magenta'"),
-        ("a red blob on a noisy background", "unknown shape 'blob'"),
-        ("two red circle on a noisy background", "'two' does not agree with 'circle'"),
-        ("a red circles on a noisy background", "'a' does not agree with 'circles'"),
-        ("one red circle on a noisy background", "count word at word 0 .'one'."),
-        ("a red circle left of on a noisy background", "ends inside a group phrase"),
-        ("a red circle, a blue star above a green cross on a noisy background", "first two groups"),
-    ],
-)
-def test_parse_rejects_bad_captions(caption, message):
-    with pytest.raises(ValueError, match=message):
-        parse_caption(caption)
-
-
-def test_parsed_checks_match_the_attribute_records_of_random_scenes():
-    relations_seen = 0
-    for i in range(400):
-        attributes = sample_scene(np.random.default_rng([5, i]))
-        checks = parse_caption(write_caption(attributes))
-        groups = attributes["groups"]
-        expected = []
-        for group in groups:
-            colour, shape = group["colour"], group["shape"]
-            expected += [
-                Check("object", colour, shape),
-                Check("count", colour, shape, count=group["count"]),
-                Check("colour", colour),
-            ]
-        for relation in attributes["relations"]:
-            subject, other = groups[relation["subject"]], groups[relation["object"]]
-            expected.append(
-                Check(
-                    "relation",
-                    subject["colour"],
-                    subject["shape"],
-                    relation=relation["relation"],
-                    other=(other["colour"], other["shape"]),
-                )
-            )
-            relations_seen += 1
-        assert checks == expected, write_caption(attributes)
-    assert relations_seen > 50
-
-
-def test_relation_rule_is_the_caption_rule_relaxed():
-    left = torch.tensor([0.2, 0.5])
-    assert relation_holds(left, torch.tensor([0.7, 0.5]), "left of")
-    assert relation_holds(torch.tensor([0.7, 0.5]), left, "right of")
-    assert not relation_holds(left, torch.tensor([0.7, 0.5]), "right of")
-    assert relation_holds(torch.tensor([0.5, 0.1]), torch.tensor([0.5, 0.6]), "above")
-    assert relation_holds(torch.tensor([0.5, 0.6]), torch.tensor([0.5, 0.1]), "below")
-    near = torch.tensor([0.5 + RELATION_CHECK_OFFSET * 0.9, 0.5])
-    assert not relation_holds(torch.tensor([0.5, 0.5]), near, "left of")  # too close
-    assert not relation_holds(torch.tensor([0.2, 0.2]), torch.tensor([0.5, 0.6]), "left of")  # mostly above
-
-
-def test_oracle_scores_one_on_real_scenes_and_less_on_wrong_captions():
-    scenes = [render_scene(seed=9, index=i, size=32) for i in range(24)]
-    images = torch.zeros(len(scenes), 3, 32, 32)  # the oracle never looks at pixels
-    captions = [caption for _, caption, _ in scenes]
-    records = [attributes for _, _, attributes in scenes]
-    assert torch.equal(score(Oracle(records), images, captions), torch.ones(len(scenes)))
-
-    shifted = captions[1:] + captions[:1]  # every image gets another scene's caption
-    wrong = score(Oracle(records), images, shifted)
-    assert wrong.max() < 1.0 and wrong.mean() < 0.5
-
-    group = records[0]["groups"][0]
-    recounted = {**records[0], "groups": [{**group, "count": group["count"] % 4 + 1}], "relations": []}
-    miscounted = score(Oracle(records[:1]), images[:1], [write_caption(recounted)])
-    assert miscounted.item() == pytest.approx(2 / 3)  # object and colour still pass, the count does not
-
-    flipped = {"left of": "right of", "right of": "left of", "above": "below", "below": "above"}
-    i = next(i for i, record in enumerate(records) if record["relations"])
-    relation = records[i]["relations"][0]
-    wrong_relation = write_caption(
-        {**records[i], "relations": [{**relation, "relation": flipped[relation["relation"]]}]}
-    )
-    total = len(parse_caption(wrong_relation))
-    result = score(Oracle(records[i : i + 1]), images[i : i + 1], [wrong_relation])
-    assert result.item() == pytest.approx((total - 1) / total)
-    with pytest.raises(ValueError, match="2 images but 1 captions"):
-        score(Oracle(records[:2]), images[:2], captions[:1])
-
-
-def test_kind_scores_split_a_prompt_score_by_check_kind():
-    counts = torch.zeros(1, len(PAIRS), dtype=torch.long)
-    counts[0, PAIR_INDEX[("red", "circle")]] = 2  # two red circles where one is asked for: count fails
-    counts[0, PAIR_INDEX[("blue", "star")]] = 1  # a blue star where a blue square is asked for
-    centroids = torch.zeros(1, len(PAIRS), 2)
-    caption = "a red circle left of a blue square on a noisy background"
-    results = check_results(counts, centroids, [caption])
-    assert kind_scores(results) == [{"object": 0.5, "count": 0.0, "colour": 1.0, "relation": 0.0}]
-    results = check_results(counts, centroids, ["a red circle on a noisy background"])
-    assert kind_scores(results) == [{"object": 1.0, "count": 0.0, "colour": 1.0}]  # no relation stated
-
-
-def test_colour_check_counts_any_shape_of_that_colour():
-    counts = torch.zeros(1, len(PAIRS), dtype=torch.long)
-    counts[0, PAIR_INDEX[("red", "star")]] = 1
-    oracle = type("Fixed", (), {"predict": lambda self, images: (counts, torch.zeros(1, len(PAIRS), 2))})()
-    result = score(oracle, torch.zeros(1, 3, 32, 32), ["a red circle on a noisy background"])
-    assert result.item() == pytest.approx(1 / 3)  # colour passes; object and count fail
 
 
 def test_density_targets_sum_to_counts_and_peak_at_the_objects():
@@ -324,3 +177,112 @@ def test_round_trip_training_needs_a_tokenizer_and_uses_it(tmp_path):
     with torch.no_grad():
         expected = vq.decode(vq.encode(images)).clamp(-1, 1)
     assert torch.equal(module.round_trip(images), expected)
+
+
+SHIPPED = Path(__file__).resolve().parents[2] / "mulo_sd" / "assets" / "testbed" / "sceneeval"
+# sha256 over (name, dtype, shape, bytes) of every tensor of the shipped SceneEval before its background head
+# was trained (38 tensors: backbone and density head, BatchNorm statistics included)
+TRUNK_SHA256 = "c879d066ed067bda9b20298a3a766b3cf851f61ce905b43176ad0b8a96af7321"
+
+
+def state_sha256(state: dict[str, torch.Tensor]) -> str:
+    digest = hashlib.sha256()
+    for name in sorted(state):
+        tensor = state[name].contiguous()
+        digest.update(f"{name}:{tensor.dtype}:{list(tensor.shape)}".encode())
+        digest.update(tensor.numpy().tobytes())
+    return digest.hexdigest()
+
+
+def test_background_head_reads_the_stem_and_stays_out_of_the_trunk():
+    model = SceneEval(SceneEvalConfig(**TINY_NET, background_channels=8)).eval()
+    images = torch.rand(3, 3, 64, 64, generator=torch.Generator().manual_seed(0)) * 2 - 1
+    assert model.background_logits(images).shape == (3, len(BACKGROUNDS))
+    kinds = model.predict_background(images)
+    assert kinds.dtype == torch.long and kinds.shape == (3,) and ((kinds >= 0) & (kinds < 4)).all()
+    trunk = model.trunk_state_dict()
+    assert set(model.state_dict()) - set(trunk) == {k for k in model.state_dict() if "background_head" in k}
+    assert set(trunk) == set(SceneEval(SceneEvalConfig(**TINY_NET)).state_dict())
+
+
+def write_headless_file(folder: Path) -> SceneEval:
+    """A SceneEval folder as saved before the background head existed: no background_channels anywhere."""
+    model = SceneEval(SceneEvalConfig(**TINY_NET))
+    model.save_pretrained(folder)
+    config = json.loads((folder / "config.json").read_text())
+    del config["background_channels"]
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    weights = folder / "model.safetensors"
+    save_file(load_file(weights), weights, metadata={CONFIG_KEY: json.dumps(config)})
+    return model
+
+
+def test_files_saved_before_the_head_load_without_it(tmp_path):
+    saved = write_headless_file(tmp_path / "old")
+    loaded = SceneEval.from_pretrained(tmp_path / "old")
+    assert loaded.config.background_channels == 0 and not hasattr(loaded, "background_head")
+    images = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(1)) * 2 - 1
+    assert torch.equal(scene_features(loaded, images), scene_features(saved.eval(), images))
+    with pytest.raises(ValueError, match="no background head"):
+        loaded.predict_background(images)
+
+
+def test_shipped_file_keeps_the_trunk_it_had_before_the_head():
+    state = load_file(SHIPPED / "model.safetensors")
+    trunk = {name: tensor for name, tensor in state.items() if not name.startswith("background_head.")}
+    assert len(trunk) == 38 and state_sha256(trunk) == TRUNK_SHA256
+    model = SceneEval.from_pretrained(SHIPPED)
+    assert model.config.background_channels > 0 and len(state) > len(trunk)
+
+
+def background_run_overrides(tmp_path, init_from: Path) -> list[str]:
+    common = [o for o in dev_run_overrides(tmp_path) if not o.startswith(("experiment=", "model.net."))]
+    return [
+        "experiment=testbed/sceneeval_background",
+        *common,
+        f"model.init_from={init_from}",
+        "model.net.background_channels=8",
+    ]
+
+
+def test_dev_background_run_trains_only_the_head(tmp_path):
+    trained = SceneEval(SceneEvalConfig(**TINY_NET))
+    trained(torch.rand(4, 3, 32, 32) * 2 - 1)  # BatchNorm statistics that a trunk in train mode would move
+    trained.save_pretrained(tmp_path / "trained")
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("train", overrides=background_run_overrides(tmp_path, tmp_path / "trained"))
+    metrics = run(cfg)
+    for name in ("val/background_acc", "val/background_acc_vq", "train/background_acc"):
+        assert 0.0 <= metrics[name] <= 1.0
+    assert metrics["train/loss"] > 0
+    exported = SceneEval.from_pretrained(tmp_path / "export")
+    assert exported.config == SceneEvalConfig(**TINY_NET, background_channels=8)
+    before, after = trained.state_dict(), exported.trunk_state_dict()
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+    fresh = SceneEval(exported.config).background_head.state_dict()
+    assert any(not torch.equal(v, fresh[k]) for k, v in exported.background_head.state_dict().items())
+
+
+def test_background_module_freezes_the_trunk_and_reads_record_kinds(tmp_path):
+    write_headless_file(tmp_path / "old")
+    module = SceneEvalBackgroundLightning(
+        init_from=str(tmp_path / "old"),
+        net=OmegaConf.create({"background_channels": 8}),
+        loss=OmegaConf.create({"label_smoothing": 0.0}),
+        optim=OmegaConf.create({}),
+    )
+    module.train()
+    assert not module.model.training and module.model.background_head.training
+    head = {id(p) for p in module.model.background_head.parameters()}
+    assert {id(p) for p in module.parameters() if p.requires_grad} == head
+    assert {id(p) for p in module.trained_parameters()} == head
+    records = [sample_scene(np.random.default_rng([7, i])) for i in range(6)]
+    kinds = background_targets(records)
+    assert kinds.tolist() == [BACKGROUNDS.index(r["background"]["kind"]) for r in records]
+    with pytest.raises(ValueError, match="background_channels must be > 0"):
+        SceneEvalBackgroundLightning(
+            init_from=str(tmp_path / "old"),
+            net=OmegaConf.create({"background_channels": 0}),
+            loss=OmegaConf.create({"label_smoothing": 0.0}),
+            optim=OmegaConf.create({}),
+        )
