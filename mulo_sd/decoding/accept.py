@@ -7,7 +7,10 @@ Rules: 'absolute' (the paper's) thresholds at tau; 'typical' at tau * exp(-H(p_i
 the target's distribution (Medusa's typical acceptance, pooled): where the target is unsure among many codes,
 any draft as likely as a typical one of them passes, so rejections (and their resampling) concentrate where
 the target is confident. k = 0 tests v's own probability; with greedy sampling p_i is one-hot (H = 0, both
-rules agree), so tau = 1 accepts exactly the argmax.
+rules agree), so tau = 1 accepts exactly the argmax. `floor` raises either rule's bar to at least itself:
+accept iff the pooled mass >= max(floor, bar). Under the typical rule it stops the bar from vanishing where
+the target is unsure among many codes (textured backgrounds), which is where its drafts pass unjudged;
+floor = 0 is the rule itself, floor >= tau the absolute rule at max(floor, tau).
 
 LANTERN (docs/algorithm.md section 13), randomised: with v's neighbours n_1..n_k nearest first and c_j =
 p(n_1) + .. + p(n_j), j* = max{j <= k : c_j <= delta} (j* = 0, c_0 = 0, when even c_1 > delta), the relaxed
@@ -61,15 +64,18 @@ def accept_pooled(
     k: int,
     tau: float,
     rule: str = "absolute",
+    floor: float = 0.0,
 ) -> torch.Tensor:
-    """MuLo-SD's rule: bool [n], True where p_i(B_k(tokens[i])) >= tau ('absolute') or >= tau * exp(-H(p_i))
-    ('typical'; module docstring)."""
+    """MuLo-SD's rule: bool [n], True where p_i(B_k(tokens[i])) >= max(floor, bar), the bar being tau
+    ('absolute') or tau * exp(-H(p_i)) ('typical'; module docstring)."""
     pooled = pooled_probability(probs, tokens, neighbours, k)
     if rule == "absolute":
-        return pooled >= tau
+        return pooled >= max(floor, tau)
     if rule == "typical":
         entropy = -torch.special.xlogy(probs, probs).sum(1)
-        return pooled >= tau * torch.exp(-entropy)
+        bar = tau * torch.exp(-entropy)
+        # (no clamp at floor 0: the bar, hence every decode, stays bit for bit the rule's own)
+        return pooled >= (bar.clamp(min=floor) if floor > 0 else bar)
     raise ValueError(f"accept_rule must be one of {ACCEPT_RULES}, got '{rule}'")
 
 

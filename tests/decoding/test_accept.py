@@ -8,6 +8,7 @@ from mulo_sd.decoding.accept import (
     lantern_residual,
     pooled_probability,
 )
+from mulo_sd.decoding.methods import decode_mulo
 from mulo_sd.decoding.neighbours import cached_neighbours, codebook_neighbours
 from mulo_sd.decoding.sampling import SamplerConfig, process_logits
 
@@ -78,6 +79,52 @@ def test_typical_rule_lowers_the_bar_by_the_perplexity():
         accept_pooled(probs, tokens, neighbours, 0, 0.5, "relative")
 
 
+def test_accept_floor_keeps_the_typical_bar_from_vanishing_where_the_target_is_unsure():
+    # row 0: uniform over 50 codes (a textured background: perplexity 50); row 1: 0.9 on code 1, the rest
+    # spread (the target is sure); the draft is code 0 in both, pooled alone (k = 0)
+    flat = torch.full((50,), 1 / 50)
+    sure = torch.cat([torch.tensor([0.1 / 49, 0.9]), torch.full((48,), 0.1 / 49)])
+    probs = torch.stack([flat, sure])
+    neighbours = codebook_neighbours(torch.randn(50, 4, generator=torch.Generator().manual_seed(4)), 3)
+    tokens = torch.tensor([0, 1])
+    # typical, tau 0.5: bars 0.5 / 50 = 0.01 (the flat row's 0.02 passes) and 0.5 exp(-H) ~ 0.25 (0.9 does)
+    assert accept_pooled(probs, tokens, neighbours, 0, 0.5, "typical").tolist() == [True, True]
+    # a floor of 0.03 lifts only the flat row's bar (0.02 < 0.03 fails); the sure row's bar is above it
+    assert accept_pooled(probs, tokens, neighbours, 0, 0.5, "typical", floor=0.03).tolist() == [False, True]
+    assert accept_pooled(probs, tokens, neighbours, 0, 0.5, "typical", floor=0.02).tolist() == [True, True]
+    # a floor above the sure row's bar reaches it too; absolute: the bar is max(floor, tau)
+    assert accept_pooled(probs, tokens, neighbours, 0, 0.5, "typical", floor=0.95).tolist() == [False, False]
+    assert accept_pooled(probs, tokens, neighbours, 0, 0.01, "absolute", floor=0.03).tolist() == [False, True]
+
+
+@pytest.mark.parametrize("rule", ["absolute", "typical"])
+def test_accept_floor_sits_between_the_rule_and_the_absolute_rule_at_the_floor(rule):
+    logits = 3 * torch.randn(200, 64, generator=torch.Generator().manual_seed(5))
+    probs = process_logits(logits, SamplerConfig(temperature=1.0, top_k=32))
+    tokens = torch.randint(0, 64, (200,), generator=torch.Generator().manual_seed(6))
+    neighbours = codebook_neighbours(torch.randn(64, 4, generator=torch.Generator().manual_seed(7)), 4)
+    tau = 0.05
+    rule_alone = accept_pooled(probs, tokens, neighbours, 4, tau, rule)
+    assert torch.equal(accept_pooled(probs, tokens, neighbours, 4, tau, rule, floor=0.0), rule_alone)
+    for floor in (0.002, 0.01, 0.05, 0.2):
+        floored = accept_pooled(probs, tokens, neighbours, 4, tau, rule, floor=floor)
+        strictest = accept_pooled(probs, tokens, neighbours, 4, max(tau, floor), "absolute")
+        assert not (floored & ~rule_alone).any()  # it only ever rejects more than the rule
+        assert not (strictest & ~floored).any()  # and never more than the absolute rule at max(tau, floor)
+        if floor >= tau:  # the floor is the bar wherever the typical one is below it: everywhere
+            assert torch.equal(floored, strictest)
+    assert rule_alone.sum() > accept_pooled(probs, tokens, neighbours, 4, tau, rule, floor=0.2).sum()
+
+
+def test_accept_floor_range_is_checked():
+    for floor in (-0.01, 1.5):
+        with pytest.raises(ValueError, match=r"accept_floor must lie in \[0, 1\]"):
+            decode_mulo(
+                None, None, None, None, torch.tensor([[1]]), SamplerConfig(), torch.Generator(), tau=0.1,
+                k=0, neighbours=torch.zeros(4, 1, dtype=torch.long), accept_floor=floor,
+            )  # fmt: skip
+
+
 @pytest.mark.parametrize("rule", ["absolute", "typical"])
 def test_greedy_tau_one_accepts_exactly_the_argmax(rule):
     logits = torch.randn(50, 16, generator=torch.Generator().manual_seed(2))
@@ -86,6 +133,9 @@ def test_greedy_tau_one_accepts_exactly_the_argmax(rule):
     tokens[:10] = logits[:10].argmax(-1)
     neighbours = codebook_neighbours(torch.randn(16, 4), 3)
     assert torch.equal(accept_pooled(probs, tokens, neighbours, 0, 1.0, rule), tokens == logits.argmax(-1))
+    for floor in (0.3, 1.0):  # a floor leaves the bar at 1: still exactly the argmax
+        accepted = accept_pooled(probs, tokens, neighbours, 0, 1.0, rule, floor=floor)
+        assert torch.equal(accepted, tokens == logits.argmax(-1))
 
 
 def test_neighbour_knob_errors():

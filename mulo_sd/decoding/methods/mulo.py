@@ -8,7 +8,8 @@ One cycle, until the high-res grid (target, H x W) is full:
    position p is judged by the output at p - 1 (position 0 by `state.first_logits`), processed by
    `process_logits` exactly as plain AR sampling would;
 4. accept rule (accept.py): accept p iff p_p(B_k(x_p)) >= tau (`accept_rule` 'absolute', the paper's) or
-   >= tau * exp(-H(p_p)) ('typical': the bar drops where the target is unsure);
+   >= tau * exp(-H(p_p)) ('typical': the bar drops where the target is unsure); `accept_floor` keeps either
+   bar at or above itself (0: off);
 5. rejection, by `rejection`:
    - 'raster' (LANTERN-style prefix acceptance): keep the drafts before the first rejection t0, sample t0
      from the verified distribution at t0, discard everything after t0 (re-drafted next cycle);
@@ -27,9 +28,12 @@ One cycle, until the high-res grid (target, H x W) is full:
 Interfaces (duck-typed): upsampler.r, .codebook_size, .upsample_rows(ids_low [1, n, w], first_row) ->
 [1, r * (n - first_row), W]; downsampler.r, .codebook_size, .downsample(ids_high [1, r * n, W]) -> [1, n, w],
 called on the committed complete row groups only, once per cycle that completes new ones and never after the
-last cycle. The drafter samples with the same SamplerConfig as the target (guidance included), or under its
-own guidance scale `drafter_cfg_scale`: a stronger one draws more of the caption's objects into the draft, at
-the cost of backgrounds further from the scenes (docs/testbed.md, "Drafter guidance").
+last cycle. Only a cycle that ends before the grid is full calls it (`uses_downsampler`: rejection='raster'
+or a `rows_per_cycle`); the default, one cycle over the whole grid with 'local' / 'naive' rejection, never
+does and takes `downsampler=None`. The drafter samples with the same SamplerConfig as the target (guidance
+included), or under its own guidance scale `drafter_cfg_scale`: a stronger one draws more of the caption's
+objects into the draft, at the cost of backgrounds further from the scenes (docs/testbed.md, "Drafter
+guidance").
 
 Project decisions:
 - raster, partially committed rows: the drafter's prefix is the low-res rows whose r high-res rows are all
@@ -85,6 +89,12 @@ from mulo_sd.decoding.stats import DecodeStats
 REJECTIONS = ("local", "naive", "raster")
 
 
+def uses_downsampler(rejection: str, rows_per_cycle: int | None) -> bool:
+    """Whether decode_mulo may call the down-sampler: 'raster' discards the drafts after t0 and a
+    rows_per_cycle drafts part of the grid, so the next cycle drafts from down-sampled accepted rows."""
+    return rejection == "raster" or rows_per_cycle is not None
+
+
 @dataclass
 class Knobs:
     """decode_mulo's settings, validated (see its docstring)."""
@@ -92,6 +102,7 @@ class Knobs:
     r: int
     tau: float
     accept_rule: str
+    accept_floor: float
     k: int
     neighbours: torch.Tensor
     l: int
@@ -118,6 +129,7 @@ def decode_mulo(
     k: int,
     neighbours: torch.Tensor,
     accept_rule: str = "absolute",
+    accept_floor: float = 0.0,
     l: int = 1,
     rejection: str = "local",
     rows_per_cycle: int | None = None,
@@ -132,14 +144,17 @@ def decode_mulo(
     """MuLo-SD decoding of the target's grid (module docstring). `neighbours`: a [V, K >= k] table from
     neighbours.py. `l` is used by 'local' only ('naive' means l = 0). Windows and rows_per_cycle: None or
     >= 1."""
-    _check_knobs(rejection, accept_rule, tau, l, rows_per_cycle, draft_window, island_zipar_window)
-    r = _check_models(target, drafter, upsampler, downsampler)
+    _check_knobs(
+        rejection, accept_rule, (tau, accept_floor), l, rows_per_cycle, draft_window, island_zipar_window
+    )
+    r = _check_models(target, drafter, upsampler, downsampler, uses_downsampler(rejection, rows_per_cycle))
     drafter_sampler = sampler if drafter_cfg_scale is None else replace(sampler, cfg_scale=drafter_cfg_scale)
     check_neighbour_knobs(neighbours, k, target.vocab_size)
     knobs = Knobs(
         r=r,
         tau=tau,
         accept_rule=accept_rule,
+        accept_floor=accept_floor,
         k=k,
         neighbours=neighbours.to(cond.device),  # once, not per cycle
         l=0 if rejection == "naive" else l,
@@ -160,14 +175,16 @@ def decode_mulo(
     return finish(tokens, stats, tokenizer)
 
 
-def _check_knobs(rejection, accept_rule, tau, l, rows_per_cycle, draft_window, island_zipar_window) -> None:
-    """Raise unless the modes are known and tau, l and the windows lie in their ranges."""
+def _check_knobs(rejection, accept_rule, bars, l, rows_per_cycle, draft_window, island_zipar_window) -> None:
+    """Raise unless the modes are known and the bars (tau, accept_floor), l and the windows lie in their
+    ranges."""
     if rejection not in REJECTIONS:
         raise ValueError(f"rejection must be one of {REJECTIONS}, got '{rejection}'")
     if accept_rule not in ACCEPT_RULES:
         raise ValueError(f"accept_rule must be one of {ACCEPT_RULES}, got '{accept_rule}'")
-    if not 0.0 <= tau <= 1.0:
-        raise ValueError(f"tau must lie in [0, 1] (a probability mass threshold), got {tau}")
+    for name, value in zip(("tau", "accept_floor"), bars, strict=True):
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(f"{name} must lie in [0, 1] (a probability mass threshold), got {value}")
     if l < 0:
         raise ValueError(f"l must be >= 0 (the local expansion radius), got {l}")
     windows = {
@@ -180,13 +197,20 @@ def _check_knobs(rejection, accept_rule, tau, l, rows_per_cycle, draft_window, i
             raise ValueError(f"{name} must be None or >= 1, got {value}")
 
 
-def _check_models(target, drafter, upsampler, downsampler) -> int:
-    """Raise unless the four models share a vocabulary and one scale r; return r."""
+def _check_models(target, drafter, upsampler, downsampler, needs_downsampler: bool) -> int:
+    """Raise unless the models share a vocabulary and one scale r, with a down-sampler where the mode needs
+    one (None: not given); return r."""
+    if downsampler is None and needs_downsampler:
+        raise ValueError(
+            "rejection='raster' and rows_per_cycle draft from down-sampled accepted rows: give a downsampler "
+            "(the default, one cycle with 'local' / 'naive' rejection, needs none)"
+        )
+    samplers = {"upsampler": upsampler, "downsampler": downsampler}
+    samplers = {name: sampler for name, sampler in samplers.items() if sampler is not None}
     sizes = {
         "target": target.vocab_size,
         "drafter": drafter.vocab_size,
-        "upsampler": upsampler.codebook_size,
-        "downsampler": downsampler.codebook_size,
+        **{name: sampler.codebook_size for name, sampler in samplers.items()},
     }
     if len(set(sizes.values())) != 1:
         raise ValueError(f"target, drafter, upsampler and downsampler must share one vocabulary, got {sizes}")
@@ -197,10 +221,11 @@ def _check_models(target, drafter, upsampler, downsampler) -> int:
             f"integer r in both directions"
         )
     r = height // low_height
-    if upsampler.r != r or downsampler.r != r:
+    if any(sampler.r != r for sampler in samplers.values()):
+        scales = " and ".join(f"{name} r={sampler.r}" for name, sampler in samplers.items())
         raise ValueError(
-            f"upsampler r={upsampler.r} and downsampler r={downsampler.r} must equal the grid ratio r={r} "
-            f"(target {height}x{width} / drafter {low_height}x{low_width})"
+            f"{scales} must equal the grid ratio r={r} (target {height}x{width} / drafter "
+            f"{low_height}x{low_width})"
         )
     return r
 
@@ -212,7 +237,7 @@ class ImageDecode:
         self.stats = stats = DecodeStats(batch_size=1, device=device)
         self.target, self.drafter = Recorded(target, "target", stats), Recorded(drafter, "drafter", stats)
         self.upsampler = Recorded(upsampler, "upsampler", stats, UPSAMPLER)
-        self.downsampler = Recorded(downsampler, "downsampler", stats, DOWNSAMPLER)
+        self.downsampler = Recorded(downsampler, "downsampler", stats, DOWNSAMPLER)  # None: never called
         self.sampler, self.generator, self.knobs = sampler, generator, knobs
         self.height, self.width = target.grid_size
         self.low_height, self.low_width = drafter.grid_size
@@ -245,7 +270,13 @@ class ImageDecode:
                     probs = self.verify(start, end)
                     draft = self.high.values[start:end]
                     passed = accept_pooled(
-                        probs, draft, knobs.neighbours, knobs.k, knobs.tau, knobs.accept_rule
+                        probs,
+                        draft,
+                        knobs.neighbours,
+                        knobs.k,
+                        knobs.tau,
+                        knobs.accept_rule,
+                        knobs.accept_floor,
                     )
                     failed = (~passed).nonzero()[:, 0].cpu()
                 if knobs.rejection == "raster":
