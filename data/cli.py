@@ -40,7 +40,6 @@ import sys
 
 import webdataset as wds
 from mulo_sd.data.from_folder import add_from_folder_arguments, run_from_folder
-from mulo_sd.data.generated import ensure_generated
 from mulo_sd.data.image_limits import DEFAULT_MAX_ASPECT_RATIO, DEFAULT_MAX_PIXELS, ImageLimits
 from mulo_sd.data.out_folder import prepare_out_folder
 from mulo_sd.data.pretokenize import add_pretokenize_arguments, run_pretokenize
@@ -51,7 +50,7 @@ from tqdm import tqdm
 from mulo_sd.testbed.synthscenes import MIN_SIZE, render_scene
 
 SYNTHSCENES_PREFIX = "synthscenes"
-SYNTHSCENES_MANIFEST = "synthscenes.json"  # written by ensure_synthscenes
+SYNTHSCENES_MANIFEST = "synthscenes.json"  # written by data/synthscenes_cache.py
 SYNTHSCENES_SHARD = re.compile(rf"{SYNTHSCENES_PREFIX}-(\d+)\.tar")
 
 
@@ -99,6 +98,12 @@ def run_synthscenes(args: argparse.Namespace) -> int:
 
 def write_synthscenes(args: argparse.Namespace) -> dict[str, int]:
     """Render the scenes `args` (the `synthscenes` arguments) asks for into shards; returns their sizes."""
+    check_synthscenes_arguments(args)
+    prepare_synthscenes_folder(args)
+    return render_synthscenes(args)
+
+
+def check_synthscenes_arguments(args: argparse.Namespace) -> None:
     if args.count < 1 or args.workers < 1 or args.shard_size < 1:
         raise SystemExit("mulo-data synthscenes: --count, --workers and --shard-size must be >= 1")
     if args.size < MIN_SIZE:
@@ -108,7 +113,10 @@ def write_synthscenes(args: argparse.Namespace) -> dict[str, int]:
             f"mulo-data synthscenes: --start-index must be a non-negative multiple of "
             f"--shard-size ({args.shard_size}), got {args.start_index}"
         )
-    prepare_synthscenes_folder(args)
+
+
+def render_synthscenes(args: argparse.Namespace) -> dict[str, int]:
+    """Render the scenes of checked `args` into shards of a folder prepared for them; returns their sizes."""
     indices = range(args.start_index, args.start_index + args.count)
     make = functools.partial(synthscenes_sample, seed=args.seed, size=args.size)
     with contextlib.ExitStack() as stack:
@@ -178,32 +186,6 @@ def check_same_scenes(shard: str, number: int, args: argparse.Namespace) -> None
             f"mulo-data synthscenes: {shard} does not hold scenes of --seed {args.seed} --size {args.size} "
             f"--shard-size {args.shard_size}: add to it with the arguments that made it, or pass --overwrite"
         )
-
-
-def ensure_synthscenes(out: str, count: int, seed: int, size: int, shard_size: int = 1000) -> str:
-    """Generate SynthScenes shards in `out` unless that folder already holds exactly these; return the spec.
-
-    Training configs call this so the testbed's data appears on demand. A folder made with other
-    arguments is an error rather than silently reused. Safe when several runs ask at once (one renders,
-    the others wait and reuse it; see data/generated.py)."""
-    wanted = {"count": count, "seed": seed, "size": size, "shard_size": shard_size}
-
-    def render(folder: str) -> None:
-        args = argparse.Namespace(
-            out=folder,
-            count=count,
-            seed=seed,
-            size=size,
-            shard_size=shard_size,
-            workers=os.cpu_count() or 1,
-            start_index=0,
-            overwrite=False,
-        )
-        write_synthscenes(args)
-        print(f"wrote {count} SynthScenes (seed {seed}, {size} px) to {out}")
-
-    ensure_generated(out, SYNTHSCENES_MANIFEST, wanted, render, "SynthScenes")
-    return shard_spec(out, [f"{SYNTHSCENES_PREFIX}-{i:06d}.tar" for i in range(-(-count // shard_size))])
 
 
 def add_verify_arguments(parser: argparse.ArgumentParser) -> None:

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import webdataset as wds
-from mulo_sd.data.generated import ensure_generated
+from mulo_sd.data.generated import GrowingData, ensure_generated
 from mulo_sd.data.shards import SIZES_NAME, update_sizes, write_tar
 from tqdm import tqdm
 
@@ -240,30 +240,61 @@ def ensure_pretokenized(
     """Pre-tokenize `shards_spec` into `out` unless it already holds exactly these tokens; return their spec.
 
     Training configs call this so token shards appear on demand. The manifest records the tokenizer (a hash
-    of its config and weights), the sizes and the input spec; a folder made any other way is an error rather
-    than silently reused (a retrained tokenizer needs fresh tokens). Safe when several runs ask at once (one
-    encodes, the others wait and reuse it; see data/generated.py)."""
-    wanted = {
-        "tokenizer_sha256": tokenizer_hash(tokenizer),
-        "sizes": [int(s) for s in sizes],
-        "shards": shards_spec,
-    }
+    of its config and weights), the sizes and, per token shard, the input shard it was made from; a folder
+    made any other way is an error rather than silently reused (a retrained tokenizer needs fresh tokens).
+    Input shards it has not seen (generated shards that grew) are tokenised and added; a smaller spec reuses
+    the folder. Safe when several runs ask at once (one encodes, the others wait and reuse it; see
+    data/generated.py)."""
+    identity = {"tokenizer_sha256": tokenizer_hash(tokenizer), "sizes": [int(s) for s in sizes]}
     text = dict(text_encoder=text_encoder, text_dtype=text_dtype, text_max_length=text_max_length)
     if text_encoder is not None:  # the T5 folder's fingerprint and how captions were encoded
-        wanted["text_encoder"] = {
+        identity["text_encoder"] = {
             "sha256": t5_fingerprint(text_encoder),
             "dtype": str(resolve_dtype(text_dtype)),
             "max_length": text_max_length,
         }
+    inputs = TokenInputs(shards_spec, out)
 
-    spec = output_spec(shards_spec, out)
-
-    def encode(folder: str) -> None:
-        _, written, skipped = pretokenize(shards_spec, tokenizer, sizes, folder, batch_size, device, **text)
+    def encode(folder: str, made: dict | str | None) -> dict[str, str]:
+        new = inputs.missing(made)  # a new folder gets the spec as given, so its errors name it
+        source = shards_spec if made is None else "::".join(new.values())
+        _, written, skipped = pretokenize(source, tokenizer, sizes, folder, batch_size, device, **text)
         print(f"pre-tokenized {written} images into {out} ({skipped} corrupt samples skipped)")
+        return {**tokenized_inputs(made), **new}
 
-    ensure_generated(out, MANIFEST_NAME, wanted, encode, "tokens")
-    return spec
+    ensure_generated(out, GrowingData(MANIFEST_NAME, identity, "shards", inputs.covered_by, encode, "tokens"))
+    return output_spec(shards_spec, out)
+
+
+class TokenInputs:
+    """The input shards of an `ensure_pretokenized` call, by token shard name, against a folder's record."""
+
+    def __init__(self, shards_spec: str, out: str):
+        urls = wds.shardlists.expand_urls(shards_spec)
+        self.by_name = {os.path.basename(url): url for url in urls}
+        self.out = out
+
+    def covered_by(self, made: dict | str | None) -> bool:
+        return not self.missing(made)
+
+    def missing(self, made: dict | str | None) -> dict[str, str]:
+        """The inputs a folder that tokenised `made` lacks; raises when it made one of their names from
+        another input shard."""
+        made = tokenized_inputs(made)
+        for name, url in self.by_name.items():
+            if made.get(name, url) != url:
+                raise ValueError(
+                    f"{self.out} holds {name} tokenised from {made[name]}, not from {url}: delete it or "
+                    "change the output folder"
+                )
+        return {name: url for name, url in self.by_name.items() if name not in made}
+
+
+def tokenized_inputs(made: dict | str | None) -> dict[str, str]:
+    """{token shard name: input shard} from a manifest's "shards" (the input spec, before folders grew)."""
+    if isinstance(made, str):
+        return {os.path.basename(url): url for url in wds.shardlists.expand_urls(made)}
+    return dict(made or {})
 
 
 def add_pretokenize_arguments(parser: argparse.ArgumentParser) -> None:

@@ -83,9 +83,10 @@ def update_sizes(out_dir: str, sizes: dict[str, int]) -> None:
             merged = json.load(f)
     merged.update(sizes)
     merged = {name: merged[name] for name in sorted(merged) if os.path.exists(os.path.join(out_dir, name))}
-    with open(path, "w") as f:
+    with open(path + ".partial", "w") as f:  # replaced at once: a run growing the folder may be reading it
         json.dump(merged, f, indent=1)
         f.write("\n")
+    os.replace(path + ".partial", path)
 
 
 def shard_spec(out_dir: str, shard_names: Iterable[str]) -> str:

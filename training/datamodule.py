@@ -92,6 +92,20 @@ def check_rank(rank: int | None, world_size: int | None) -> None:
         )
 
 
+def samples_read(trainer: dict, batch_size: int) -> int | None:
+    """Training samples a run reads over all ranks: max_steps x batch_size x accumulate_grad_batches x
+    devices x num_nodes of its trainer config; None when unknown (no max_steps, devices "auto" or -1), which
+    generated data (data/synthscenes_cache.py) takes as all of it."""
+    devices = trainer.get("devices", 1)
+    if isinstance(devices, list | tuple):
+        devices = len(devices)
+    steps = trainer.get("max_steps") or -1
+    if not str(devices).isdigit() or int(devices) < 1 or steps < 1:
+        return None
+    ranks = int(devices) * trainer.get("num_nodes", 1)
+    return steps * batch_size * trainer.get("accumulate_grad_batches", 1) * ranks
+
+
 class ShardDataModule(L.LightningDataModule):
     """Webdataset shards of images (and/or pre-tokenised grids) with captions and json attributes.
 
@@ -273,9 +287,23 @@ class ShardDataModule(L.LightningDataModule):
         if self.val_shards is None:
             return []
         rank, world_size = self.rank_and_world_size()
-        return wds.WebLoader(
+        loader = wds.WebLoader(
             self.val_dataset(rank, world_size), batch_size=None, num_workers=self.num_workers
         )
+        batches = self.val_batches_per_rank(world_size)
+        # a length gives the validation progress bar its total; an upper bound, so no batch is cut off
+        return loader if batches is None else loader.with_length(batches, silent=True)
+
+    def val_batches_per_rank(self, world_size: int) -> int | None:
+        """Validation batches each rank yields with `val_samples` set (None without): every worker batches
+        its share of the rank's samples on its own, the last batch partial. Fewer when the shards hold fewer
+        samples or a sample is corrupt."""
+        if self.val_samples is None:
+            return None
+        samples = self.val_samples // world_size
+        workers = max(1, self.num_workers)
+        shares = [samples // workers + (w < samples % workers) for w in range(workers)]
+        return sum(math.ceil(share / self.batch_size) for share in shares)
 
     def state_dict(self) -> dict:
         consumed = self.resume_batches
