@@ -139,3 +139,43 @@ def write_prompt_files(folder: Path, captions: list[str], image_size: int = 24) 
         "geneval": {"path": folder / "evaluation_metadata.jsonl", "images": None},
         "lines": {"path": folder / "prompts.txt", "images": None},
     }
+
+
+TINY_HPS_MODEL = "tiny-hps-test"  # an open_clip model config the test registers (not ViT-H-14's 1B weights)
+
+
+def register_tiny_hps_model(folder: Path) -> str:
+    """Write a tiny open_clip CLIP config (32 px images, one layer each, open_clip's own 49,408-token BPE
+    vocabulary) and register it with open_clip under TINY_HPS_MODEL."""
+    import open_clip
+
+    config = {
+        "embed_dim": 16,
+        "vision_cfg": {"image_size": 32, "layers": 1, "width": 32, "head_width": 16, "patch_size": 8},
+        "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 1},
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{TINY_HPS_MODEL}.json").write_text(json.dumps(config))
+    open_clip.add_model_config(folder / f"{TINY_HPS_MODEL}.json")
+    return TINY_HPS_MODEL
+
+
+def save_tiny_hps(path: Path) -> Path:
+    """A random tiny open_clip model (seed 0) saved the way HPS_v2.1_compressed.pt is: {'state_dict': ...}."""
+    import open_clip
+
+    register_tiny_hps_model(path.parent / "open_clip_configs")
+    torch.manual_seed(0)
+    model = open_clip.create_model(TINY_HPS_MODEL, pretrained=None)
+    torch.save({"state_dict": model.state_dict()}, path)
+    return path
+
+
+def write_dpg_prompts(folder: Path, captions: list[str]) -> Path:
+    """DPG-Bench's prompt folder layout (ELLA dpg_bench/prompts): one <item_id>.txt per prompt, numbered and
+    named ids mixed as in the real folder."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for i, caption in enumerate(captions):
+        item_id = str(10 - 3 * i) if i < len(captions) - 1 else "COCOval2014000000010363"
+        (folder / f"{item_id}.txt").write_text(caption + "\n")
+    return folder

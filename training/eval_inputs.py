@@ -1,7 +1,8 @@
 """The inputs of `mulo-eval` on a prompt file, checked on every rank before any model loads: the prompt file
-holds prompts, the metric files exist (FID extractor and reference, CLIP folder) and, on rank 0, the metric
-models load (a weights file that would run code is refused there: mulo_sd/nets/safe_files.py). A failure on
-any rank stops every rank (`on_every_rank`), so no rank decodes its share of a run that cannot be scored.
+holds prompts, the metric files exist (FID extractor and reference, CLIP folder, HPS checkpoint) and, on
+rank 0, the metric models load (a weights file that would run code is refused there:
+mulo_sd/nets/safe_files.py). A failure on any rank stops every rank (`on_every_rank`), so no rank decodes
+its share of a run that cannot be scored.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from omegaconf import DictConfig
 
 from mulo_sd.evaluation.metrics.clip_score import check_clip_folder, load_clip
 from mulo_sd.evaluation.metrics.fid import check_extractor_file, load_feature_extractor
+from mulo_sd.evaluation.metrics.fid_protocols import check_protocol
+from mulo_sd.evaluation.metrics.hpsv2 import HPS_MODEL, check_hps_file, load_hps
 from mulo_sd.evaluation.prompt_sets import PromptSet, load_prompt_set
 from mulo_sd.evaluation.real_evaluate import QualitySetup
 
@@ -62,7 +65,8 @@ def load_prompts(cfg: DictConfig) -> PromptSet:
 
 
 def check_metric_files(cfg: DictConfig) -> None:
-    """The FID extractor and reference and the CLIP folder, when set, exist (errors name the knob or file)."""
+    """The FID extractor and reference (and a known FID protocol), the CLIP folder and the HPS checkpoint,
+    when set, exist (errors name the knob or file)."""
     if cfg.fid.get("extractor"):
         if not cfg.fid.get("reference"):
             raise ValueError(
@@ -71,18 +75,24 @@ def check_metric_files(cfg: DictConfig) -> None:
         if not Path(cfg.fid.reference).exists():
             raise FileNotFoundError(f"fid.reference not found: {cfg.fid.reference}")
         check_extractor_file(cfg.fid.extractor)
+        check_protocol(cfg.fid.protocol)
     if cfg.clip.get("model"):
         check_clip_folder(cfg.clip.model)
+    if cfg.hps.get("checkpoint"):
+        check_hps_file(cfg.hps.checkpoint)
 
 
 def quality_setup(cfg: DictConfig, device) -> QualitySetup:
-    """The metric models of `fid` and `clip` (a metric left unset is not computed)."""
+    """The metric models of `fid`, `clip` and `hps` (a metric left unset is not computed)."""
     setup = QualitySetup(batch_size=cfg.metric_batch_size, device=device)
     if cfg.fid.get("extractor"):
         trust = bool(cfg.fid.get("trust_pickle"))
         setup.fid_extractor = load_feature_extractor(cfg.fid.extractor, device, trust_pickle=trust)
+        setup.fid_protocol, setup.fid_resolution = cfg.fid.protocol, cfg.fid.get("resolution")
     if cfg.clip.get("model"):
         setup.clip = load_clip(cfg.clip.model, device)
-    if setup.fid_extractor is None and setup.clip is None:
-        log.warning("no quality metric: set fid.extractor (+ fid.reference) and/or clip.model")
+    if cfg.hps.get("checkpoint"):
+        setup.hps = load_hps(cfg.hps.checkpoint, cfg.hps.get("model") or HPS_MODEL, device)
+    if setup.fid_extractor is None and setup.clip is None and setup.hps is None:
+        log.warning("no quality metric: set fid.extractor (+ fid.reference), hps.checkpoint or clip.model")
     return setup

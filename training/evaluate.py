@@ -8,7 +8,8 @@ Hydra
     mulo-eval eval=ablations              # the paper's four MuLo-SD ablations + the accept rule (test split)
     mulo-eval eval=headline               # AR, ZipAR, MuLo-SD 2x and 4x side by side (docs/results.md)
     mulo-eval eval=smoke logger=wandb     # also log the tables, plot and grid to W&B (offline by default)
-    mulo-eval eval=coco5k prompts.file=... # real prompts, FID and CLIP score (docs/real_evaluation.md)
+    mulo-eval eval=coco5k prompts.file=... # real prompts, FID, HPSv2, CLIP score (docs/real_evaluation.md)
+    mulo-eval eval=dpg_bench prompts.file=... # DPG-Bench's prompts, its scorer's 2x2 grids
 """
 
 from __future__ import annotations

@@ -54,10 +54,10 @@ def run_prompt_file(cfg: DictConfig, runs: list) -> tuple[Evaluation, list[dict]
             return None
         rows = gather_records(out_dir / "images", runs, prompt_set.prompts, seeds)
         if setup.fid_extractor is not None:
-            size = load_image(rows[0]["path"]).shape[-1]
+            size = setup.fid_resolution or load_image(rows[0]["path"]).shape[-1]
             setup.fid_reference = reference_statistics(
                 setup.fid_extractor, cfg.fid.reference, size, cfg.metric_batch_size, device,
-                cache=out_dir / "fid_reference.npz",
+                cache=out_dir / "fid_reference.npz", protocol=setup.fid_protocol,
             )  # fmt: skip
         matched_cfg = cfg.get("matched") or {}
         evaluation = score_prompt_set(

@@ -75,6 +75,11 @@ def matched_runs(
     if len(matches) != 1:
         raise ValueError(f"reference '{reference}' must name exactly one summary row, got {len(matches)}")
     base = matches[0]
+    if rule == "interval" and base["method"] != REFERENCE_METHOD:
+        raise ValueError(
+            f"rule 'interval' reads the paired differences to {REFERENCE_METHOD}, not to '{reference}': "
+            "match another run (e.g. LANTERN's) with rule 'tolerance'"
+        )
 
     def matches_base(entry: dict) -> bool:
         if rule == "interval":

@@ -12,6 +12,9 @@ Formats (`FORMATS`):
   is `images/<category>/<name>.jpg`.
 - geneval: GenEval's `evaluation_metadata.jsonl` (one JSON object per line with `prompt` and `tag`); the
   whole line is kept as the prompt's metadata, which the GenEval output format writes back unchanged.
+- dpg: DPG-Bench's `dpg_bench/prompts/` folder of the ELLA repository (one `<item_id>.txt` per prompt, 1,065
+  of them), numbered item_ids in number order then named ones in name order; the item_id names the prompt's
+  grid in the DPG-Bench layout (mulo_sd/evaluation/dpg_format.py).
 - lines: plain text, one prompt per line.
 Blank lines (geneval, lines) and COCO images without a caption are skipped and counted; any other bad entry
 is an error naming the file, the entry and the field.
@@ -27,7 +30,7 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-FORMATS = ("coco", "mjhq", "geneval", "lines")
+FORMATS = ("coco", "mjhq", "geneval", "dpg", "lines")
 
 
 @dataclass(frozen=True)
@@ -36,7 +39,7 @@ class PromptRecord:
     text: str
     metadata: dict = field(
         default_factory=dict
-    )  # coco: image_id, file_name; mjhq: name, category; geneval: line
+    )  # coco: image_id, file_name; mjhq: name, category; geneval: line; dpg: item_id
     reference: Path | None = None  # the prompt's real image, when the format and `images` give one
 
 
@@ -56,18 +59,21 @@ def load_prompt_set(
     seed: int = 0,
     images: str | Path | None = None,
 ) -> PromptSet:
-    """The first `count` prompts (None: all) of the prompt file `path` in `format` (module docstring)."""
+    """The first `count` prompts (None: all) of the prompt file (dpg: folder) `path` in `format` (module
+    docstring)."""
     path = Path(path)
     if format not in FORMATS:
         raise ValueError(f"unknown prompt format '{format}' for {path}; choose one of {list(FORMATS)}")
-    if not path.is_file():
+    if format == "dpg" and not path.is_dir():
+        raise FileNotFoundError(f"DPG-Bench prompt folder (ELLA's dpg_bench/prompts) not found: {path}")
+    if format != "dpg" and not path.is_file():
         raise FileNotFoundError(f"prompt file not found: {path}")
-    if images is not None and format in ("geneval", "lines"):
+    if images is not None and format in ("geneval", "dpg", "lines"):
         raise ValueError(f"prompts.images applies to the coco and mjhq formats, not to '{format}' ({path})")
     images = Path(images) if images is not None else None
     if images is not None and not images.is_dir():
         raise FileNotFoundError(f"image folder of the {format} prompts not found: {images}")
-    readers = {"coco": _coco, "mjhq": _mjhq, "geneval": _geneval, "lines": _lines}
+    readers = {"coco": _coco, "mjhq": _mjhq, "geneval": _geneval, "dpg": _dpg, "lines": _lines}
     prompts, skipped, reason = readers[format](path, seed, images)
     if count is not None:
         if count < 1 or count > len(prompts):
@@ -163,6 +169,21 @@ def _geneval(path: Path, seed: int, images: Path | None):
         _field(entry, "tag", str, path, f"line {number}")  # GenEval's scorer needs the task tag
         prompts.append(PromptRecord(len(prompts), text, entry))
     return prompts, skipped, "blank lines"
+
+
+def _dpg(path: Path, seed: int, images: Path | None):
+    # numbered item_ids in number order, then the named ones (COCOval2014..., ...) in name order
+    files = sorted(
+        path.glob("*.txt"), key=lambda f: (0, int(f.stem), "") if f.stem.isdigit() else (1, 0, f.stem)
+    )
+    prompts, skipped = [], 0
+    for file in files:
+        text = file.read_text().strip()
+        if not text:
+            skipped += 1
+            continue
+        prompts.append(PromptRecord(len(prompts), text, {"item_id": file.stem}))
+    return prompts, skipped, "empty prompt files"
 
 
 def _lines(path: Path, seed: int, images: Path | None):

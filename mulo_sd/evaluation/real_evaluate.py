@@ -3,9 +3,10 @@
 has written every run's images on every rank. Rank 0 alone runs this.
 
 - Quality, from the images on disk: per run and prompt split, FID against the reference (real images or
-  statistics: mulo_sd/evaluation/metrics/fid.py) and CLIP score against the prompts
-  (mulo_sd/evaluation/metrics/clip_score.py),
-  over every seed's image.
+  statistics: mulo_sd/evaluation/metrics/fid.py, under the resizing protocol of fid_protocols.py, named in
+  every FID output), HPSv2 (metrics/hpsv2.py, also per image in images.csv) and CLIP score
+  (metrics/clip_score.py) against the prompts, over every seed's image; GenEval once its scorer has run on
+  a run's folder (mulo_sd/evaluation/real_table.py).
 - Speed: the batch-1 protocol of mulo_sd/evaluation/harness.py (warm-up, runs interleaved per prompt,
 per-prompt
   ratios against AR), quality off, in a pass of its own over the first `speed_prompts` prompts of each split
@@ -17,10 +18,12 @@ per-prompt
   `metric` lies within `tolerance` of AR's on the dev prompts, reported with its numbers on the disjoint
   test prompts (`matched_split_table`).
 
+DPG-Bench prompts also get every run's grids in DPG-Bench's layout (mulo_sd/evaluation/dpg_format.py).
+
 Writes into out_dir: images.csv (every image's record), runs.csv (the speed pass' rows), summary.csv and
 summary.md (one row per run and split), speed_quality.png (test or all split), grid_seed<seed>.png (real
 image on top when the prompts have one, then one row per run) and, with `matched`, matched.md; the speed
-pass' own files stay in speed/.
+pass' own files stay in speed/; paper_table.md (the paper's table shape: real_table.py).
 """
 
 from __future__ import annotations
@@ -32,13 +35,18 @@ import torch
 from torch import nn
 
 from mulo_sd.decoding.sampling import SamplerConfig
+from mulo_sd.evaluation.dpg_format import write_dpg_grids
+from mulo_sd.evaluation.generation import run_folders
 from mulo_sd.evaluation.harness import Evaluation, evaluate
 from mulo_sd.evaluation.matched_quality import matched_runs
 from mulo_sd.evaluation.metrics.clip_score import clip_score
 from mulo_sd.evaluation.metrics.fid import FIDStatistics, extract_features, frechet_distance
+from mulo_sd.evaluation.metrics.fid_protocols import DEFAULT_FID_PROTOCOL, describe
+from mulo_sd.evaluation.metrics.hpsv2 import HPSModel, hps_scores
 from mulo_sd.evaluation.metrics.images import load_image
 from mulo_sd.evaluation.plots import plot_grid, plot_speed_quality
 from mulo_sd.evaluation.prompt_sets import PromptRecord, PromptSet, split_dev_test
+from mulo_sd.evaluation.real_table import GENEVAL_FOLDER, geneval_score, paper_rows, write_paper_table
 from mulo_sd.evaluation.runs import reference_run
 from mulo_sd.evaluation.summaries import summarize
 from mulo_sd.evaluation.tables import markdown_table
@@ -51,9 +59,10 @@ SPEED_COLUMNS = (
 )  # fmt: skip
 SUMMARY_COLUMNS = (
     "split", "label", "images", "speedup_median", "speedup_of_medians", "step_ratio_median",
-    "nfe_ratio_median", "acceptance", "batch_size", "throughput_img_s", "fid", "clip_score",
+    "nfe_ratio_median", "acceptance", "batch_size", "throughput_img_s", "geneval", "fid", "hpsv2",
+    "clip_score",
 )  # fmt: skip
-METRICS = ("fid", "clip_score")
+METRICS = ("geneval", "fid", "hpsv2", "clip_score")
 
 
 @dataclass
@@ -63,6 +72,9 @@ class QualitySetup:
     fid_extractor: nn.Module | None = None
     fid_reference: FIDStatistics | None = None
     clip: tuple | None = None  # (CLIPModel, CLIPProcessor)
+    hps: HPSModel | None = None
+    fid_protocol: str = DEFAULT_FID_PROTOCOL  # fid_protocols.py
+    fid_resolution: int | None = None  # None: the generated images' size
     batch_size: int = 32
     device: str | torch.device = "cpu"
 
@@ -76,21 +88,33 @@ def prompt_splits(prompts: list[PromptRecord], dev_count: int | None, seed: int 
 
 
 def quality_scores(rows: list[dict], splits: dict[str, list], setup: QualitySetup) -> dict[tuple, dict]:
-    """(run label, split) -> {"fid", "clip_score"} (those set up) over the split's images of the run;
-    `rows`: gathered image records with their "path". Each image passes the FID extractor once."""
+    """(run label, split) -> {"fid" with "fid_protocol", "hpsv2", "clip_score"} (those set up) over the
+    split's images of the run; `rows`: gathered image records with their "path" (each gets its own "hpsv2").
+    Each image passes the FID extractor once."""
     scores = {}
     for label in dict.fromkeys(row["label"] for row in rows):
         run_rows = [row for row in rows if row["label"] == label]
         paths = [Path(row["path"]) for row in run_rows]
         features = None
         if setup.fid_extractor is not None:
-            features = extract_features(setup.fid_extractor, paths, None, setup.batch_size, setup.device)
+            features = extract_features(
+                setup.fid_extractor, paths, setup.fid_resolution, setup.batch_size, setup.device,
+                setup.fid_protocol,
+            )  # fmt: skip
+        if setup.hps is not None:
+            captions = [row["prompt"] for row in run_rows]
+            scored = hps_scores(setup.hps, paths, captions, setup.batch_size, setup.device)
+            for row, score in zip(run_rows, scored, strict=True):
+                row["hpsv2"] = score
         for split, prompts in splits.items():
             keep = {p.index for p in prompts}
             chosen = [i for i, row in enumerate(run_rows) if row["prompt_index"] in keep]
             entry = {}
             if features is not None:
                 entry["fid"] = frechet_distance(features[chosen], setup.fid_reference)
+                entry["fid_protocol"] = describe(setup.fid_protocol, setup.fid_resolution)
+            if setup.hps is not None:
+                entry["hpsv2"] = sum(run_rows[i]["hpsv2"] for i in chosen) / len(chosen)
             if setup.clip is not None:
                 captions = [run_rows[i]["prompt"] for i in chosen]
                 entry["clip_score"] = clip_score(
@@ -245,6 +269,7 @@ def score_prompt_set(
             progress,
         )
     summary = summarize_splits(runs, rows, splits, quality, speed)
+    add_geneval_scores(summary, runs, splits, out_dir)
     split_note = (
         f"Dev/test split (seed {split_seed}): {len(splits['dev'])} dev prompts pick each method's setting, "
         f"{len(splits['test'])} disjoint test prompts report it."
@@ -262,9 +287,50 @@ def score_prompt_set(
         f"{len(prompt_set.prompts)} {prompt_set.format} prompts from {prompt_set.source} x {len(seeds)} "
         f"seed(s) ({len(rows)} images; generation at batch {batch_sizes} on {world_size} rank(s), device "
         f"{device}); "
-        f"sampler {sampler}. {speed_note} {split_note}"
+        f"sampler {sampler}. {speed_note} {split_note}{metric_note(setup)}"
     )
     files = write_outputs(
         out_dir, prompt_set, splits, seeds, rows, speed_rows, summary, header, grid_prompts, runs
     )
+    files["paper_table"] = paper_table(out_dir, runs, prompt_set, rows, seeds, splits, summary, header)
     return Evaluation(speed_rows, summary, files)
+
+
+def metric_note(setup: QualitySetup) -> str:
+    """What the header says of the metrics: the FID protocol (always named with an FID) and the HPS file."""
+    notes = []
+    if setup.fid_extractor is not None:
+        notes.append(f" FID protocol: {describe(setup.fid_protocol, setup.fid_resolution)}.")
+    if setup.hps is not None:
+        notes.append(f" HPSv2: {setup.hps.source.name}.")
+    return "".join(notes)
+
+
+def add_geneval_scores(summary: list[dict], runs: list, splits: dict[str, list], out_dir: Path) -> None:
+    """Each summary entry's `geneval` from `<out_dir>/geneval/<run folder>.jsonl`, GenEval's scorer's output
+    for the run, when it is there (real_table.py)."""
+    results = run_folders(out_dir / GENEVAL_FOLDER, runs)
+    for entry in summary:
+        path = results[entry["label"]].with_suffix(".jsonl")
+        if path.is_file():
+            entry["geneval"] = geneval_score(path, {p.index for p in splits[entry["split"]]})
+
+
+def paper_table(
+    out_dir: Path, runs: list, prompt_set: PromptSet, rows: list[dict], seeds: list[int],
+    splits: dict[str, list], summary: list[dict], header: str,
+) -> Path:  # fmt: skip
+    """paper_table.md (printed): per run of the test split (or all) the paper's columns; DPG-Bench prompts
+    first get their grids in DPG-Bench's layout (dpg_format.py)."""
+    layouts = {"geneval": run_folders(out_dir / "images", runs)}
+    if prompt_set.format == "dpg":
+        layouts["dpg"] = run_folders(out_dir / "dpg_bench", runs)
+        write_dpg_grids(rows, prompt_set.prompts, seeds, layouts["dpg"])
+    split = "test" if "test" in splits else "all"
+    table = paper_rows(summary, split, layouts)
+    count = len(splits[split])
+    where = f"the {count} test prompts" if split == "test" else f"all {count} prompts"
+    note = f"# The paper's table ({where})\n\n{header}"
+    path = out_dir / "paper_table.md"
+    print(write_paper_table(path, table, note))
+    return path

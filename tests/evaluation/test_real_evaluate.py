@@ -20,8 +20,10 @@ from mulo_sd.pipeline.testbed_models import load_models
 from tests.helpers import read_csv
 from tests.pickle_fixtures import save_hostile
 from tests.real_eval_helpers import (
+    TINY_HPS_MODEL,
     save_tiny_clip,
     save_tiny_extractor,
+    save_tiny_hps,
     synthscenes_captions,
     write_prompt_files,
 )
@@ -32,9 +34,10 @@ RUNS = "runs=[{family:AR,method:ar},{family:ZipAR,method:zipar,sweep:{window:[2,
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-    """A tiny testbed, prompt files of every format, a .pt2 FID extractor and a CLIP folder."""
+    """A tiny testbed, prompt files of every format, a .pt2 FID extractor, a CLIP folder and an HPS file."""
     root = tmp_path_factory.mktemp("real")
     return {
+        "hps": save_tiny_hps(root / "hps" / "HPS_v2.1_compressed.pt"),
         "testbed": save_tiny_testbed(root / "testbed"),
         "prompts": write_prompt_files(root / "prompts", synthscenes_captions(8)),
         "extractor": save_tiny_extractor(root / "extractor.pt2"),
@@ -49,6 +52,8 @@ def coco_overrides(files, out_dir):
         f"out_dir={out_dir}",
         f"prompts.file={coco['path']}", f"prompts.images={coco['images']}", "prompts.count=6",
         f"fid.extractor={files['extractor']}", f"clip.model={files['clip']}", "speed.prompts=2",
+        f"hps.checkpoint={files['hps']}",
+        f"hps.model={files['hps'].parent / 'open_clip_configs' / TINY_HPS_MODEL}.json",
         "grid_prompts=2", "matched.tolerance=100", "matched.dev_prompts=3",
     ]  # fmt: skip
 
@@ -57,23 +62,40 @@ def test_coco_evaluation_with_fid_clip_speed_and_a_dev_test_split(files, tmp_pat
     out = tmp_path / "out"
     result = run(compose("evaluate", tmp_path, coco_overrides(files, out)))
     names = {p.name for p in out.iterdir()}
-    assert {"images", "images.csv", "runs.csv", "summary.csv", "summary.md", "speed_quality.png",
-            "matched.md", "grid_seed0.png", "fid_reference.npz", "speed"} <= names  # fmt: skip
-    assert len(read_csv(out / "images.csv")) == 3 * 6  # 3 runs x 6 prompts x 1 seed
+    expected = {"images", "images.csv", "runs.csv", "summary.csv", "summary.md", "speed_quality.png",
+                "matched.md", "grid_seed0.png", "fid_reference.npz", "speed", "paper_table.md"}  # fmt: skip
+    assert expected <= names
+    images = read_csv(out / "images.csv")
+    assert len(images) == 3 * 6  # 3 runs x 6 prompts x 1 seed
+    assert all(-1 <= float(row["hpsv2"]) <= 1 for row in images)  # HPSv2 per image
     summary = read_csv(out / "summary.csv")
+    splits = prompt_splits(load_prompt_set(files["prompts"]["coco"]["path"], "coco", count=6).prompts, 3, 0)
     assert [(row["split"], row["label"]) for row in summary] == [
         (split, label) for split in ("dev", "test") for label in ("AR", "ZipAR window=2", "ZipAR window=4")
     ]
     for row in summary:
         assert row["images"] == "3" and float(row["throughput_img_s"]) > 0 and float(row["fid"]) > 0
         assert 0 <= float(row["clip_score"]) <= 100 and float(row["speedup_median"]) > 0
+        assert (
+            row["fid_protocol"].startswith("llamagen (centre-cropped square")
+            and "256 px" in row["fid_protocol"]
+        )
+        per_image = [float(r["hpsv2"]) for r in images if r["label"] == row["label"]
+                     and int(r["prompt_index"]) in {p.index for p in splits[row["split"]]}]  # fmt: skip
+        assert float(row["hpsv2"]) == pytest.approx(sum(per_image) / len(per_image))
     assert {row["speedup_median"] for row in summary if row["label"] == "AR"} == {"1.0"}
-    splits = prompt_splits(load_prompt_set(files["prompts"]["coco"]["path"], "coco", count=6).prompts, 3, 0)
     dev, test = splits["dev"], splits["test"]
     speed = read_csv(out / "runs.csv")  # batch 1, the first 2 prompts of each split
     assert sorted({int(row["prompt_index"]) for row in speed}) == sorted(p.index for p in dev[:2] + test[:2])
     header = (out / "summary.md").read_text()
     assert "3 dev prompts pick each method's setting, 3 disjoint test prompts report it" in header
+    assert "FID protocol: llamagen (" in header and "HPSv2: HPS_v2.1_compressed.pt" in header
+    paper = (out / "paper_table.md").read_text()
+    assert "# The paper's table (the 3 test prompts)" in paper and "FID protocol: llamagen (" in paper
+    columns = "method | setting | speedup | geneval | geneval_layout | dpg_layout | fid | hpsv2 | clip_score"
+    assert f"| {columns} |" in paper
+    zipar = next(line for line in paper.splitlines() if line.startswith("| ZipAR | window=2 | "))
+    assert f" | {out / 'images' / 'ZipAR_window=2'} | - | " in zipar  # GenEval's layout; no DPG grids
     matched = (out / "matched.md").read_text()
     assert "on the dev prompts" in matched and "its numbers are from the disjoint test prompts" in matched
     dev_zipar = [row for row in summary if row["split"] == "dev" and row["label"].startswith("ZipAR")]
@@ -86,16 +108,20 @@ def test_coco_evaluation_with_fid_clip_speed_and_a_dev_test_split(files, tmp_pat
     assert grid.size[1] > grid.size[0]  # real + 3 runs rows, 2 columns
 
 
-@pytest.mark.parametrize("preset", ["coco5k", "geneval"])
+@pytest.mark.parametrize("preset", ["coco5k", "geneval", "dpg_bench"])
 def test_real_prompt_presets_expand_to_valid_runs(files, tmp_path, preset):
     cfg = compose(
         "evaluate", tmp_path, [f"eval={preset}", "models=folder", f"models.root={files['testbed']}"]
     )
     runs = expand_runs(OmegaConf.to_container(cfg.runs, resolve=True))  # raises on an unknown knob
-    assert reference_run(runs).method == "ar" and cfg.prompts.format == preset.removesuffix("5k")
+    formats = {"coco5k": "coco", "geneval": "geneval", "dpg_bench": "dpg"}
+    assert reference_run(runs).method == "ar" and cfg.prompts.format == formats[preset]
     if preset == "coco5k":
         assert cfg.prompts.count == 5000 and cfg.matched.dev_prompts == 1000
         assert cfg.fid.reference == cfg.prompts.images
+        assert cfg.fid.protocol == "llamagen" and cfg.fid.resolution == 256
+    if preset == "dpg_bench":
+        assert list(cfg.seeds) == [0, 1, 2, 3] and cfg.prompts.count is None
 
 
 def test_missing_metric_files_fail_before_any_decode(files, tmp_path, monkeypatch):

@@ -160,7 +160,7 @@ def test_cached_reference_statistics_are_keyed_by_the_extractor_files_content(
     with np.load(cache) as data:
         source = str(data["source"])
     assert hashlib.sha256(other.read_bytes()).hexdigest() in source and "16 px" in source
-    assert "centre-cropped square, bicubic resize" in source
+    assert "protocol llamagen (centre-cropped square, LANCZOS to the resolution" in source
     torch.manual_seed(0)  # a module of the caller's own: keyed by its class and weights
     assert extractor_fingerprint(torch.nn.Linear(2, 2)) != extractor_fingerprint(torch.nn.Linear(2, 2))
 

@@ -3,7 +3,7 @@ downloads; docs/real_evaluation.md).
 
     extractor = load_feature_extractor("/models/weights-inception-2015-12-05-6726825d.pth")
     reference = reference_statistics(extractor, "coco/val2017", size=256)   # or load_statistics("coco.npz")
-    fid = frechet_distance(extract_features(extractor, generated_paths), reference)
+    fid = frechet_distance(extract_features(extractor, generated_paths, resolution=256), reference)
 
 Feature extractors:
 - the FID Inception-v3 (the TensorFlow FID network as torch-fidelity ports it, torchmetrics' default
@@ -11,17 +11,19 @@ Feature extractors:
 - any module saved with torch.export (a `.pt2` file) that maps uint8 images [N, 3, H, W] to features
   [N, D], exported with a dynamic batch dimension: a small network for a quick check, or another feature
   space.
-Features are extracted once per image and the distance is torchmetrics' own computation over them, so
-the subsets of one set of images (dev and test prompts) cost no second pass through the extractor.
+Images reach the extractor through a resizing protocol (`fid_protocols.py`: `llamagen`, the default,
+`clean` or `adm`), the same for generated and reference images. Features are extracted once per image and
+the distance is torchmetrics' own computation over them, so the subsets of one set of images (dev and test
+prompts) cost no second pass through the extractor.
 
 The Inception weights file is a pickle, which torch-fidelity unpickles fully: it is read with
 weights_only=True first and refused, naming the classes it needs, when it holds more than tensors (unless
 `fid.trust_pickle=true`; mulo_sd/nets/safe_files.py).
 
 Reference statistics: `mu` [D] and `sigma` [D, D] (and `count`) in an `.npz` file, the layout pytorch-fid
-and clean-fid write; `reference_statistics` computes them from a folder of real images (centre-cropped and
-resized to the generated images' size) and caches them in such a file, keyed by the extractor file's sha256
-and the preprocessing.
+and clean-fid write; `reference_statistics` computes them from a folder of real images (under the protocol,
+at the evaluation resolution) and caches them in such a file, keyed by the extractor file's sha256 and the
+protocol.
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from mulo_sd.evaluation.metrics.images import REFERENCE_PREPROCESSING, image_batches, image_files
+from mulo_sd.evaluation.metrics.fid_protocols import DEFAULT_FID_PROTOCOL, describe, protocol_batches
+from mulo_sd.evaluation.metrics.images import image_files
 from mulo_sd.nets.safe_files import UnreadableTorchFile, load_torch_file
 
 INCEPTION_FILE = "weights-inception-2015-12-05-6726825d.pth"
@@ -107,14 +110,16 @@ def extractor_fingerprint(extractor: nn.Module) -> str:
 def extract_features(
     extractor: nn.Module,
     paths: list[Path],
-    size: int | None = None,
+    resolution: int | None = None,
     batch_size: int = 32,
     device: str | torch.device = "cpu",
+    protocol: str = DEFAULT_FID_PROTOCOL,
 ) -> torch.Tensor:
-    """float64 [N, D] features of the images at `paths` (resized to `size` when given), on the CPU."""
+    """float64 [N, D] features of the images at `paths` under the resizing `protocol` at `resolution`
+    (None: the images' own size; fid_protocols.py), on the CPU."""
     features = [
         extractor(batch.to(device)).reshape(len(batch), -1).double().cpu()
-        for batch in image_batches(list(paths), batch_size, size)
+        for batch in protocol_batches(list(paths), protocol, resolution, batch_size)
     ]
     return torch.cat(features)
 
@@ -168,23 +173,25 @@ def reference_statistics(
     batch_size: int = 32,
     device: str | torch.device = "cpu",
     cache: str | Path | None = None,
+    protocol: str = DEFAULT_FID_PROTOCOL,
 ) -> FIDStatistics:
-    """Statistics of `reference`: an `.npz` statistics file, or a folder of real images resized to `size`.
-    A folder's statistics are saved to `cache` and read back from it while folder, file count, size, the
-    preprocessing and the extractor (its file's sha256: `extractor_fingerprint`) stay the same."""
+    """Statistics of `reference`: an `.npz` statistics file, or a folder of real images brought to `size`
+    under the resizing `protocol`. A folder's statistics are saved to `cache` and read back from it while
+    folder, file count, protocol, size and the extractor (its file's sha256: `extractor_fingerprint`) stay
+    the same."""
     reference = Path(reference)
     if reference.suffix == ".npz":
         return load_statistics(reference)
     files = image_files(reference)
     source = (
-        f"{reference.resolve()} | {len(files)} images | {REFERENCE_PREPROCESSING} to {size} px | "
+        f"{reference.resolve()} | {len(files)} images | protocol {describe(protocol, size)} | "
         f"extractor sha256 {extractor_fingerprint(extractor)}"
     )
     if cache is not None and Path(cache).is_file():
         with np.load(cache) as data:
             if "source" in data and str(data["source"]) == source:
                 return load_statistics(cache)
-    statistics = FIDStatistics.of(extract_features(extractor, files, size, batch_size, device))
+    statistics = FIDStatistics.of(extract_features(extractor, files, size, batch_size, device, protocol))
     if cache is not None:
         statistics.save(cache, source)
     return statistics

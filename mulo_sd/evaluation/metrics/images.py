@@ -1,4 +1,5 @@
-"""Images read from disk for the metrics, in batches, as the uint8 tensors torchmetrics' extractors take."""
+"""Images read from disk for the metrics and the image grid, in batches, as the uint8 tensors torchmetrics'
+metrics take (FID's resizing protocols: fid_protocols.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,6 @@ import torch
 from PIL import Image, ImageOps
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
-# what load_image does to an image given a size: part of the key of cached reference statistics
-REFERENCE_PREPROCESSING = "RGB, centre-cropped square, bicubic resize"
 
 
 def image_files(folder: str | Path) -> list[Path]:
