@@ -48,15 +48,15 @@ def test_a_super_resolution_file_is_unpickled_only_with_trust_pickle(tmp_path):
     marker = tmp_path / "marker"
     save_hostile(tmp_path / "hostile.pt", marker)
     with pytest.raises(UnsafePickleError, match=rf"hostile\.pt needs {OPEN} .*pass trust_pickle=True"):
-        load_sr_model(tmp_path / "hostile.pt", torch.device("cpu"))
+        load_sr_model(tmp_path / "hostile.pt", 2, torch.device("cpu"))
     assert not marker.exists()
     torch.save(nn.Upsample(scale_factor=2), tmp_path / "module.pt")  # a whole module is a pickle of classes
     cpu = torch.device("cpu")
     with pytest.raises(UnsafePickleError, match=r"nn\.modules\.upsampling\.Upsample.*trust_pickle=True"):
-        load_sr_model(tmp_path / "module.pt", cpu)
-    assert isinstance(load_sr_model(tmp_path / "module.pt", cpu, trust_pickle=True), nn.Upsample)
+        load_sr_model(tmp_path / "module.pt", 2, cpu)
+    assert isinstance(load_sr_model(tmp_path / "module.pt", 2, cpu, trust_pickle=True).network, nn.Upsample)
     torch.jit.save(torch.jit.script(nn.Conv2d(3, 3, 1)), tmp_path / "scripted.pt")  # TorchScript needs none
-    assert load_sr_model(tmp_path / "scripted.pt", torch.device("cpu"))(torch.zeros(1, 3, 4, 4)).shape[1] == 3
+    assert load_sr_model(tmp_path / "scripted.pt", 2, cpu)(torch.zeros(1, 3, 4, 4)).shape[1] == 3
 
 
 def test_a_code_carrying_fid_inception_file_is_refused_naming_fid_trust_pickle(tmp_path):

@@ -1,7 +1,8 @@
 """Training-free pixel-space samplers (the paper's v2 default), with the learned samplers' call signatures.
 
 PixelUpsampler: VQ-decode the low-res tokens -> enlarge the image r times (bicubic, bilinear, Lanczos, or a
-local super-resolution network) -> VQ-encode at the high resolution. PixelDownsampler: decode -> area
+super-resolution network from its weight file: mulo_sd/nets/sr_network.py) -> VQ-encode at the high
+resolution. PixelDownsampler: decode -> area
 (box) resize by 1/r -> encode.
 
 Not row-causal: the VQ decoder and encoder have attention and deep convolution stacks, so every token can
@@ -20,38 +21,33 @@ import torch.nn as nn
 import torch.nn.functional as F
 from PIL import Image
 
-from mulo_sd.nets.safe_files import load_torch_file
+from mulo_sd.nets.sr_network import SRNetwork
 from mulo_sd.nets.upsampler import check_codebook_match
 
 MODES = ("bicubic", "bilinear", "lanczos")
-SR_TRUST_OPT_IN = "trust_pickle=True (PixelUpsampler, load_sr_model) or save it with torch.export / torch.jit"
 
 
-def load_sr_model(path: str | Path, device: torch.device, trust_pickle: bool = False) -> nn.Module:
-    """A super-resolution network from a local file: a torch.export program (`.pt2`, torch.export.save), a
-    TorchScript archive (torch.jit.save) or, with `trust_pickle`, a whole pickled module (torch.save(model)):
-    unpickling a module runs code named in the file, so such a file is refused without it
-    (mulo_sd/nets/safe_files.py)."""
+def load_sr_model(
+    path: str | Path,
+    r: int,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    trust_pickle: bool = False,
+) -> nn.Module:
+    """An x`r` super-resolution network, images [B, 3, H, W] in [-1, 1] -> [B, 3, r H, r W], from a local
+    file: a published state dict (safetensors or a torch.save file read with weights_only=True; spandrel
+    recognises its architecture: mulo_sd/nets/sr_network.py) or a folder holding one, a torch.export program
+    (`.pt2`, torch.export.save), a TorchScript archive (torch.jit.save) or, with `trust_pickle`, a whole
+    pickled module (torch.save(model)): unpickling a module runs code named in the file, so such a file is
+    refused without it (mulo_sd/nets/safe_files.py). The last three map [-1, 1] themselves and are not
+    resized: their output must be r times their input."""
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"super-resolution model {path} not found: save a network that maps images [B, 3, H, W] in "
-            f"[-1, 1] to [B, 3, r*H, r*W] there (torch.export.save to a .pt2 file, torch.jit.save, or "
-            f"torch.save(model))"
-        )
-    if path.suffix == ".pt2":
+    if path.suffix == ".pt2" and path.is_file():
         return torch.export.load(str(path)).module().to(device)  # exported programs have no train/eval mode
-    if zipfile.is_zipfile(path) and any(
-        n.endswith("/constants.pkl") for n in zipfile.ZipFile(path).namelist()
-    ):
-        return torch.jit.load(str(path), map_location=device).eval()
-    model = load_torch_file(path, opt_in=SR_TRUST_OPT_IN, trust_pickle=trust_pickle, map_location=device)
-    if not isinstance(model, nn.Module):
-        raise ValueError(
-            f"{path} holds a {type(model).__name__}, not a network: save the whole module "
-            f"(torch.save(model)), a TorchScript archive or a torch.export program, not a state dict"
-        )
-    return model.eval()
+    if path.is_file() and zipfile.is_zipfile(path):
+        if any(n.endswith("/constants.pkl") for n in zipfile.ZipFile(path).namelist()):
+            return torch.jit.load(str(path), map_location=device).eval()
+    return SRNetwork(path, r, device=device, dtype=dtype, trust_pickle=trust_pickle)
 
 
 def lanczos_resize(images: torch.Tensor, height: int, width: int) -> torch.Tensor:
@@ -93,10 +89,9 @@ class _PixelPath:
 
 class PixelUpsampler(_PixelPath):
     """Up-sample tokens through pixels: `upsample(ids [B, h, w]) -> ids [B, r*h, r*w]`. With `sr_model_path`
-    the file's network does the enlarging and `mode` is unused; it must map [B, 3, H, W] in [-1, 1] to
-    [B, 3, r*H, r*W] (wrap a [0, 1] network as `lambda x: net((x + 1) / 2) * 2 - 1`; export a torch.export
-    program with dynamic height and width if prefixes of several sizes are up-sampled). trust_pickle: let a
-    pickled module file load (load_sr_model)."""
+    the file's network (load_sr_model: a published state dict, or an exported / scripted / pickled module)
+    does the enlarging on the VQ's device in `dtype`, and `mode` is unused; a state-dict network of another
+    scale than r is resized to r (`sr_model.resized_from`). trust_pickle: let a pickled module file load."""
 
     role = "pixel upsampler"
 
@@ -107,6 +102,7 @@ class PixelUpsampler(_PixelPath):
         mode: str = "bicubic",
         sr_model_path: str | Path | None = None,
         trust_pickle: bool = False,
+        dtype: torch.dtype = torch.float32,
     ):
         super().__init__(vq, r)
         if mode not in MODES:
@@ -115,14 +111,14 @@ class PixelUpsampler(_PixelPath):
         device = vq.codebook.device
         self.sr_model = None
         if sr_model_path is not None:
-            self.sr_model = load_sr_model(sr_model_path, device, trust_pickle)
+            self.sr_model = load_sr_model(sr_model_path, r, device, dtype, trust_pickle)
         self.sr_model_path = sr_model_path
 
     def enlarge(self, images: torch.Tensor) -> torch.Tensor:
         """images [B, 3, H, W] -> [B, 3, r*H, r*W], clamped to [-1, 1] (bicubic and Lanczos overshoot)."""
         height, width = images.shape[-2] * self.r, images.shape[-1] * self.r
         if self.sr_model is not None:
-            out = self.sr_model(images)
+            out = self.sr_model(images).to(images.dtype)
             if tuple(out.shape) != (images.shape[0], 3, height, width):
                 raise ValueError(
                     f"super-resolution model {self.sr_model_path} turned {tuple(images.shape)} into "

@@ -13,7 +13,9 @@ defaults: `RECOMMENDED` over the function's own), plus, for `mulo`, the ones tha
 - downsampler: 'latent' or 'pixel'; None: the same kind as the up-sampler. Only the modes that draft from
   down-sampled accepted rows use one (methods/mulo.py `uses_downsampler`: rejection='raster' or a
   rows_per_cycle); the others load none, so a set without downsampler_r{r} decodes them;
-- pixel_mode: the interpolation of the pixel up-sampler (pixel_samplers.MODES).
+- pixel_mode: the interpolation of the pixel up-sampler (pixel_samplers.MODES), or 'sr': the set's
+  super-resolution network for r (role sr_x{r}: a state-dict file spandrel builds, in the set's dtype;
+  mulo_sd/nets/sr_network.py, docs/super_resolution.md).
 A knob that the chosen mode ignores (`IGNORED`, e.g. `l` with rejection='raster') is an error when it is
 given, so no setting is dropped silently. `lantern` drafts with drafter_small (a smaller same-resolution
 model; a set without one is an error naming the role); `eagle2` drafts with the set's eagle_head. Every
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import inspect
 import typing
+import warnings
 import weakref
 
 import torch
@@ -41,8 +44,10 @@ from mulo_sd.decoding.methods import (
 from mulo_sd.decoding.methods.mulo import REJECTIONS, uses_downsampler
 from mulo_sd.decoding.neighbours import codebook_neighbours
 from mulo_sd.decoding.sampling import SamplerConfig
-from mulo_sd.nets.pixel_samplers import PixelDownsampler, PixelUpsampler
+from mulo_sd.nets.dtypes import resolve_dtype
+from mulo_sd.nets.pixel_samplers import MODES, PixelDownsampler, PixelUpsampler
 from mulo_sd.pipeline.model_set import Models
+from mulo_sd.pipeline.roles import SR_NETWORKS
 from mulo_sd.testbed.captions import encode_caption
 
 FUNCTIONS = {
@@ -56,6 +61,9 @@ METHODS = tuple(FUNCTIONS)
 REQUIRED = inspect.Parameter.empty
 SCALES = (2, 4)
 SAMPLER_KINDS = ("latent", "pixel")
+SR_MODE = "sr"  # pixel_mode: the set's super-resolution network
+PIXEL_MODES = (*MODES, SR_MODE)
+SR_PURPOSE = "knobs.pixel_mode=sr enlarges with the set's super-resolution network for r"
 LANTERN_DRAFTER = "LANTERN drafts with a smaller model at the target's resolution"
 EAGLE_HEAD = "EAGLE-2 drafts with a feature-level head trained for the target"
 DOWNSAMPLER = (
@@ -156,6 +164,8 @@ def resolve_knobs(method: str, knobs: dict) -> dict[str, object]:
         for name in ("upsampler", "downsampler"):
             if resolved[name] not in SAMPLER_KINDS:
                 raise ValueError(f"knob {name} must be one of {SAMPLER_KINDS}, got '{resolved[name]}'")
+        if resolved["pixel_mode"] not in PIXEL_MODES:
+            raise ValueError(f"knob pixel_mode must be one of {PIXEL_MODES}, got '{resolved['pixel_mode']}'")
         if resolved["rejection"] not in REJECTIONS:
             raise ValueError(f"knob rejection must be one of {REJECTIONS}, got '{resolved['rejection']}'")
     for name, (mode, ignoring, purpose) in IGNORED.get(method, {}).items():
@@ -224,7 +234,7 @@ def decode(
     prompts: list[str],
     knobs: dict,
     sampler: SamplerConfig,
-    seed: int,
+    seed: int | list[int],
     condition: tuple[torch.Tensor, torch.Tensor | None] | None = None,
 ) -> DecodeResult:
     """Decode one image per prompt with `method` (module docstring); the batch is decoded together.
@@ -233,7 +243,11 @@ def decode(
     knobs = resolve_knobs(method, knobs)
     target, tokenizer = models.require("target"), models.require("vq")
     cond, cond_mask = models.condition(prompts) if condition is None else condition
-    generator = torch.Generator(device=target.device).manual_seed(seed)
+    generator = (  # a list of seeds: one generator per image, decoded together (docs/batching.md)
+        torch.Generator(device=target.device).manual_seed(seed)
+        if isinstance(seed, int)
+        else [torch.Generator(device=target.device).manual_seed(one) for one in seed]
+    )
     common = dict(cond=cond, cond_mask=cond_mask, sampler=sampler, generator=generator, tokenizer=tokenizer)
     if method == "ar":
         return decode_ar(target, **common)
@@ -247,10 +261,31 @@ def decode(
         return decode_eagle2(target, models.require("eagle_head", EAGLE_HEAD), **knobs, **common)
     r, up, down, mode = (knobs.pop(name) for name in ("r", "upsampler", "downsampler", "pixel_mode"))
     drafter = models.require(f"drafter_r{r}", f"MuLo-SD's drafter at the target's resolution / {r}")
-    upsampler = models.require(f"upsampler_r{r}") if up == "latent" else PixelUpsampler(tokenizer, r, mode)
+    upsampler = models.require(f"upsampler_r{r}") if up == "latent" else pixel_upsampler(models, r, mode)
     downsampler = _downsampler(models, r, down, knobs)
     neighbours = neighbour_table(tokenizer, knobs["k"])
     return decode_mulo(target, drafter, upsampler, downsampler, neighbours=neighbours, **knobs, **common)
+
+
+_sr_upsamplers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def pixel_upsampler(models: Models, r: int, mode: str) -> PixelUpsampler:
+    """The pixel up-sampler of `mode` on the set's VQ; for 'sr', with the set's sr_x{r} network (loaded
+    once per tokenizer and file), in the set's dtype; a network of another scale is resized to r and said
+    so in a warning."""
+    tokenizer = models.require("vq")
+    if mode != SR_MODE:
+        return PixelUpsampler(tokenizer, r, mode)
+    path = models.model_set.path(SR_NETWORKS[r], SR_PURPOSE)
+    cached = _sr_upsamplers.setdefault(tokenizer, {})
+    if (path, r) not in cached:
+        dtype = resolve_dtype(models.model_set.dtype)
+        upsampler = PixelUpsampler(tokenizer, r, sr_model_path=path, dtype=dtype)
+        if getattr(upsampler.sr_model, "resized_from", None):
+            warnings.warn(f"pixel up-sampler: {upsampler.sr_model.describe()}", stacklevel=2)
+        cached[(path, r)] = upsampler
+    return cached[(path, r)]
 
 
 def _downsampler(models: Models, r: int, kind: str, knobs: dict):

@@ -6,7 +6,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from mulo_sd.llamagen.t5 import T5_FILES_HINT
-from mulo_sd.pipeline.roles import GPT_ROLES, MLLM, MODEL_CLASSES, SAMPLERS, TATOK, TESTBED_DIR, TEXT_ENCODER
+from mulo_sd.pipeline.roles import (
+    GPT_ROLES,
+    MLLM,
+    MODEL_CLASSES,
+    SAMPLERS,
+    SR_NETWORKS,
+    TATOK,
+    TESTBED_DIR,
+    TEXT_ENCODER,
+)
 from mulo_sd.tar.files import TAR_FILES_HINT
 
 
@@ -56,6 +65,12 @@ def folder_hint(family: str, role: str, folder: Path) -> str:
     """How the folder `folder` for `role` of a set of `family` is made."""
     if role == TEXT_ENCODER:
         return T5_FILES_HINT.format(folder=folder)
+    if role in SR_NETWORKS.values() and family != "testbed":
+        return (
+            f"put a super-resolution state-dict file there (.safetensors or .pth of an architecture spandrel "
+            f"knows, e.g. Real-ESRGAN's RealESRGAN_x{role[-1]}plus.pth) or a folder holding one "
+            f"(docs/super_resolution.md)"
+        )
     if family == "testbed":
         return f"train and export it with `{export_command(role, folder)}`"
     if family == "tar":

@@ -12,8 +12,11 @@ head for the target: mulo_sd/nets/eagle_head.py), the samplers `upsampler_r{2,4}
 `sceneeval` (the testbed's evaluator), `text_encoder` (a FLAN-T5 folder for targets conditioned on T5
 caption features: mulo_sd/llamagen/t5.py), and Tar's first stage: `mllm` (a Qwen2-family folder) with `tatok`
 (the TA-Tok checkpoint file), which turn a prompt into the TA-Tok features its AR-DTok GPTs are conditioned
-on (mulo_sd/tar/files.py, mulo_sd/pipeline/tar_decode.py). A set names a folder for any subset; relative
-folders sit under `root`; a missing one is an error saying how to make it (mulo_sd/pipeline/folder_hints.py).
+on (mulo_sd/tar/files.py, mulo_sd/pipeline/tar_decode.py), and `sr_x2` / `sr_x4`: the super-resolution
+network the pixel up-sampler enlarges with under knobs.pixel_mode=sr (a state-dict file spandrel reads, or
+a folder holding one: mulo_sd/nets/sr_network.py, docs/super_resolution.md). A set names a folder for any
+subset; relative folders sit under `root`; a missing one is an error saying how to make it
+(mulo_sd/pipeline/folder_hints.py).
 
 Everything that can disagree is checked from the folders' config files before any weights load
 (mulo_sd/pipeline/set_checks.py), with an error naming the role, the file and the field: codebook size and
@@ -48,6 +51,7 @@ from mulo_sd.pipeline.roles import (
     MLLM,
     MODEL_CLASSES,
     ROLES,
+    SR_NETWORKS,
     TATOK,
     TESTBED_DIR,
     TEXT_ENCODER,
@@ -132,6 +136,8 @@ class ModelSet:
             )
         if role == TATOK:
             present = folder.is_file()
+        elif role in SR_NETWORKS.values():  # a weight file or its folder (mulo_sd/nets/sr_network.py)
+            present = folder.exists()
         elif role in (TEXT_ENCODER, MLLM):
             present = folder.is_dir()
         else:

@@ -1,6 +1,7 @@
 """The roles a model set names (mulo_sd/pipeline/model_set.py): one folder each, loaded as the model class of
 its role; the text encoder and Tar's first stage (an MLLM folder and a TA-Tok file) are read by their own
-loaders."""
+loaders, and so are the pixel up-sampler's super-resolution networks (`sr_x2`, `sr_x4`: a state-dict file,
+or a folder holding one, that spandrel builds: mulo_sd/nets/sr_network.py)."""
 
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ MODEL_CLASSES = {
 }
 TEXT_ENCODER = "text_encoder"
 MLLM, TATOK = "mllm", "tatok"  # Tar's first stage: a folder and a file
-ROLES = (*MODEL_CLASSES, TEXT_ENCODER, MLLM, TATOK)
+SR_NETWORKS = {2: "sr_x2", 4: "sr_x4"}  # r -> role of the pixel up-sampler's network (knobs.pixel_mode=sr)
+ROLES = (*MODEL_CLASSES, TEXT_ENCODER, MLLM, TATOK, *SR_NETWORKS.values())
 DRAFTERS = ("drafter_r2", "drafter_r4", "drafter_small")
 SAMPLERS = ("upsampler_r2", "upsampler_r4", "downsampler_r2", "downsampler_r4")
 GPT_ROLES = ("target", *DRAFTERS)

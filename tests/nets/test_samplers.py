@@ -254,7 +254,7 @@ def test_pixel_upsampler_with_sr_model(tmp_path):
     with pytest.raises(ValueError, match=r"turned \(2, 3, 16, 16\) into \(2, 3, 48, 48\), expected"):
         PixelUpsampler(vq, 2, sr_model_path=tmp_path / "x3.pt", trust_pickle=True).upsample(ids)
     torch.save(nn.Conv2d(3, 3, 1).state_dict(), tmp_path / "weights.pt")
-    with pytest.raises(ValueError, match="holds a OrderedDict, not a network"):
+    with pytest.raises(ValueError, match="weights.pt: spandrel does not recognise the architecture"):
         PixelUpsampler(vq, 2, sr_model_path=tmp_path / "weights.pt")
     with pytest.raises(FileNotFoundError, match="super-resolution model .*missing.pt not found"):
         PixelUpsampler(vq, 2, sr_model_path=tmp_path / "missing.pt")
