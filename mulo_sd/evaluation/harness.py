@@ -17,8 +17,8 @@ Protocol:
   `sceneeval` = the fraction of the prompt's checks the image passes (mean over prompts in the summary),
   `sceneeval_<kind>` the same for one kind of check (object, count, colour, relation: GenEval's per-task
   scores, mean over the prompts that state that kind) and `fd` = Frechet distance of the run's images to the
-  real held-out images of the same prompts, in SceneEval feature space; `texture` = the image's share of
-  spectral power above 1/16 cycles per pixel (mulo_sd/evaluation/texture.py: a run's mean, `texture_ratio`
+  real held-out images of the same prompts, in SceneEval feature space; `texture` = the RMS contrast of the
+  image's luma detail finer than 32 px, percent (mulo_sd/evaluation/texture.py: a run's mean, `texture_ratio`
   to AR's and `texture_gap` to the real images');
 - paired with AR (mulo_sd/evaluation/paired.py): per (prompt, seed) `d_sceneeval`, `d_nll` and
   `d_texture`, the difference to AR's decode of the same prompt and seed; a run's summary gives their means

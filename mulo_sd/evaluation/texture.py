@@ -1,21 +1,26 @@
-"""A texture statistic read from pixels (docs/statistics.md section 6): how much of an image's luma variation
-is fine detail. SceneEval's checks read objects and FD reads SceneEval's pooled features, and neither sees a
-striped or checkered background drawn as flat grey, which is what the fastest MuLo-SD settings do on the
+"""A texture statistic read from pixels (docs/statistics.md section 6): how much fine detail an image's luma
+holds. SceneEval's checks read objects and FD reads SceneEval's pooled features, and neither sees a striped
+or checkered background drawn as flat or mottled grey, which is what the fast MuLo-SD settings do on the
 testbed; this statistic does.
 
-Per image (`texture`): the share of spectral power above `CUTOFF` = 1/16 cycles per pixel (radius 8 of a
-128 px image's FFT, about 16 px per period), of
+Per image (`texture`): the RMS contrast of the luma's detail finer than 32 px (frequencies above `CUTOFF` =
+1/32 cycles per pixel), in percent of the luma range:
 
-    luma Y = 0.299 R + 0.587 G + 0.114 B                      (Rec. 601, on the image's own value range)
+    Y = 0.299 R + 0.587 G + 0.114 B on [0, 1]                 (Rec. 601; images come in [-1, 1])
     x = w * (Y - sum(w Y) / sum(w)),  w = hann(H) hann(W)^T   (periodic Hann; x sums to 0: no DC power)
     P(fy, fx) = |FFT2(x)|^2,  f = sqrt(fy^2 + fx^2)            (cycles per pixel, numpy's fftfreq)
-    texture = sum P over f > CUTOFF / sum P                    (0 for an image with no power: a flat one)
+    texture = 100 * sqrt(sum P over f > CUTOFF / (H W sum w^2))   (0 for a flat image)
 
-`band_shares` gives the same shares over any bands (the profile over `OCTAVES`). The window keeps the
-image's borders from reading as steps (the FFT wraps the image around); of a wave with a whole number
-of periods across the image it moves a third of the power to the two bins next to it (1/W cycles per pixel
-away), none further. The share does not depend on brightness or contrast (an affine change of the pixel
-values), only on the spectrum's shape.
+By Parseval, H W sum w^2 turns the summed power into the window-weighted mean square of the detail, so a
+sine wave of luma amplitude A above the cutoff scores about 100 A / sqrt(2). The statistic keeps contrast on
+purpose: an earlier version, the *share* of power above 1/16, did not change with contrast and rated the
+faint mottled patches the fast settings draw at AR's level of striped backgrounds (docs/statistics.md
+section 6). The cutoff sits below SynthScenes' stripe and check frequencies (periods of 8 to 32 px at 128 px).
+
+`band_shares` gives the spectrum's shape: the share of power in any bands (the profile over `OCTAVES`). The
+window keeps the image's borders from reading as steps (the FFT wraps the image around); of a wave with a
+whole number of periods across the image it moves a third of the power to the two bins next to it (1/W
+cycles per pixel away), none further.
 
 Per run (the harness): `texture` is the mean over its images, `texture_ratio` that mean over the
 reference run's (same split), `texture_gap` that mean minus the mean over the real images of the same
@@ -28,22 +33,35 @@ from __future__ import annotations
 
 import torch
 
-CUTOFF = 1 / 16  # cycles per pixel
+CUTOFF = 1 / 32  # cycles per pixel: detail finer than 32 px
 OCTAVES = (1 / 64, 1 / 32, 1 / 16, 1 / 8, 1 / 4)  # band edges of the multi-scale profile, cycles per pixel
 LUMA = (0.299, 0.587, 0.114)  # Rec. 601
 
 
+def _hann(height: int, width: int) -> torch.Tensor:
+    return torch.outer(
+        torch.hann_window(height, dtype=torch.float64), torch.hann_window(width, dtype=torch.float64)
+    )
+
+
 def _windowed_luma(images: torch.Tensor) -> torch.Tensor:
-    """[B, H, W] float64: the luma of images [B, 3, H, W], its Hann-weighted mean removed, Hann-windowed."""
+    """[B, H, W] float64: the luma on [0, 1] of images [B, 3, H, W] in [-1, 1], its Hann-weighted mean
+    removed, Hann-windowed."""
     luma = torch.einsum(
         "bchw,c->bhw", images.detach().cpu().double(), torch.tensor(LUMA, dtype=torch.float64)
     )
-    height, width = luma.shape[-2:]
-    window = torch.outer(
-        torch.hann_window(height, dtype=torch.float64), torch.hann_window(width, dtype=torch.float64)
-    )
+    window = _hann(*luma.shape[-2:])
     mean = (luma * window).sum((-2, -1), keepdim=True) / window.sum()
-    return window * (luma - mean)
+    return window * (luma - mean) / 2  # [-1, 1] -> [0, 1] after the mean: a flat image stays exactly 0
+
+
+def _band_power(x: torch.Tensor, edges: tuple[float, ...]) -> torch.Tensor:
+    """[B, len(edges) + 1]: the power P of windowed lumas x [B, H, W] summed over the bands of `edges`."""
+    power = torch.fft.fft2(x).abs() ** 2
+    band = torch.bucketize(radial_frequency(*x.shape[-2:]), torch.tensor(edges, dtype=torch.float64))
+    per_band = torch.zeros(len(x), len(edges) + 1, dtype=torch.float64)
+    per_band.index_add_(1, band.flatten(), power.flatten(1))
+    return per_band
 
 
 def radial_frequency(height: int, width: int) -> torch.Tensor:
@@ -57,18 +75,18 @@ def band_shares(images: torch.Tensor, edges: tuple[float, ...] = OCTAVES) -> tor
     """[B, len(edges) + 1] float64: per image, the share of the power P (module docstring) in each band
     [0, e1], (e1, e2], ..., (ek, inf) of the frequency f; rows sum to 1, or are all 0 for an image without
     power (a flat image)."""
-    x = _windowed_luma(images)
-    power = torch.fft.fft2(x).abs() ** 2
-    band = torch.bucketize(radial_frequency(*x.shape[-2:]), torch.tensor(edges, dtype=torch.float64))
-    per_band = torch.zeros(len(x), len(edges) + 1, dtype=torch.float64)
-    per_band.index_add_(1, band.flatten(), power.flatten(1))
+    per_band = _band_power(_windowed_luma(images), edges)
     total = per_band.sum(1, keepdim=True)
     return torch.where(total > 0, per_band / total.clamp_min(torch.finfo(torch.float64).tiny), 0.0)
 
 
 def texture(images: torch.Tensor, cutoff: float = CUTOFF) -> torch.Tensor:
-    """[B] float64: each image's share of power above `cutoff` cycles per pixel (module docstring)."""
-    return band_shares(images, (cutoff,))[:, 1]
+    """[B] float64: each image's RMS luma contrast above `cutoff` cycles per pixel, in percent (module
+    docstring); images [B, 3, H, W] in [-1, 1]."""
+    x = _windowed_luma(images)
+    height, width = x.shape[-2:]
+    mean_square = _band_power(x, (cutoff,))[:, 1] / (height * width * (_hann(height, width) ** 2).sum())
+    return 100 * mean_square.sqrt()
 
 
 def mean_texture(images: torch.Tensor) -> float:

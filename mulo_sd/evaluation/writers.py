@@ -102,8 +102,8 @@ def summary_markdown(
         sections.append(
             f"## References ({reported[0]} prompts)\n\nThe held-out images of the same prompts, their "
             f"tokenizer round trips and, with fd_ar, AR under the other seeds (fd: FD to the real images; "
-            f"fd_ar: FD to AR under the other seeds; texture: mean share of spectral power above 1/16 cycles "
-            f"per pixel):\n\n{markdown_table(references, REFERENCE_COLUMNS)}"
+            f"fd_ar: FD to AR under the other seeds; texture: mean RMS luma contrast of detail finer "
+            f"than 32 px, percent):\n\n{markdown_table(references, REFERENCE_COLUMNS)}"
         )
     body = "\n\n".join(sections)
     return f"# Evaluation\n\n{header}\n\n{body}\n"

@@ -34,17 +34,21 @@ def sinusoid(cycles_y: int, cycles_x: int, size: int = SIZE) -> torch.Tensor:
     return grey(0.8 * torch.cos(2 * math.pi * (cycles_y * y + cycles_x * x) / size))
 
 
-def test_a_flat_image_scores_zero_and_fine_stripes_score_near_one():
+def test_a_flat_image_scores_zero_and_a_fine_wave_scores_its_rms_contrast():
     flat = torch.cat([torch.zeros(1, 3, SIZE, SIZE), torch.full((1, 3, SIZE, SIZE), 0.37)])
     assert texture(flat).tolist() == pytest.approx([0.0, 0.0], abs=1e-12)
     assert band_shares(flat[:1]).sum() == 0  # no power at all: every share 0
-    columns = torch.arange(SIZE) % 4 < 2  # stripes of 2 px, a period of 4 px: 1/4 cycles per pixel
+    # luma 0.5 +- 0.2 on [0, 1] is 0 +- 0.4 in the [-1, 1] images: RMS 0.2 / sqrt(2) of the luma range
+    for cycles in (6, 16, 40):  # periods of 21, 8 and 3.2 px, all finer than 32 px
+        assert texture(0.5 * sinusoid(0, cycles)).item() == pytest.approx(100 * 0.2 / math.sqrt(2), rel=1e-6)
+    columns = torch.arange(SIZE) % 4 < 2  # stripes of 2 px: a square wave of luma amplitude 0.45
     stripes = grey(torch.where(columns, 0.9, -0.9).expand(SIZE, -1))
-    assert texture(stripes).item() > 0.99
-    checks = grey(torch.where(columns[:, None] ^ columns[None, :], 0.5, -0.5))
-    assert texture(checks).item() > 0.99
+    # a square wave's RMS is its amplitude, and all of its harmonics lie above the cutoff
+    assert texture(stripes).item() == pytest.approx(100 * 0.9 / 2, rel=1e-6)
     smooth = grey(torch.linspace(-1, 1, SIZE).expand(SIZE, -1))  # a gradient background
-    assert texture(smooth).item() < 0.01
+    assert texture(smooth).item() < 0.05 * texture(stripes).item()
+    # the same pattern at half the contrast scores half: faint mottling is not a full texture
+    assert texture(0.5 * stripes).item() == pytest.approx(texture(stripes).item() / 2, rel=1e-9)
 
 
 @pytest.mark.parametrize(
@@ -57,7 +61,9 @@ def test_a_sinusoid_lands_in_the_band_of_its_frequency(cycles_y, cycles_x, band)
     shares = band_shares(sinusoid(cycles_y, cycles_x))[0]
     assert shares.sum().item() == pytest.approx(1.0, abs=1e-12)
     assert shares[band].item() > 0.99
-    assert texture(sinusoid(cycles_y, cycles_x)).item() == pytest.approx(float(frequency > CUTOFF), abs=0.01)
+    full = 100 * 0.4 / math.sqrt(2)  # the wave's luma amplitude on [0, 1] is 0.4
+    above = texture(sinusoid(cycles_y, cycles_x)).item() / full
+    assert above == pytest.approx(float(frequency > CUTOFF), abs=0.01)
 
 
 def test_the_window_spreads_a_frequency_over_its_neighbouring_bins_only():
@@ -68,12 +74,12 @@ def test_the_window_spreads_a_frequency_over_its_neighbouring_bins_only():
     assert band_shares(wave, (2.5 / SIZE, 3.5 / SIZE))[0].tolist() == pytest.approx([1 / 6, 2 / 3, 1 / 6])
 
 
-def test_the_statistic_ignores_brightness_contrast_and_batching_and_reads_the_luma():
+def test_the_statistic_ignores_brightness_and_batching_scales_with_contrast_and_reads_the_luma():
     rng = torch.Generator().manual_seed(0)
     images = torch.rand(3, 3, 32, 48, generator=rng) * 2 - 1
     together = texture(images)
     assert torch.equal(together, torch.cat([texture(image[None]) for image in images]))
-    assert texture(0.5 * images + 0.2) == pytest.approx(together, rel=1e-9)
+    assert texture(0.5 * images + 0.2) == pytest.approx(0.5 * together, rel=1e-6)  # float32 inputs
     assert mean_texture(images) == sum(together.tolist()) / 3
     # colour enters through the luma only: a grey image of the hand-computed luma scores the same
     luma = 0.299 * images[:, 0] + 0.587 * images[:, 1] + 0.114 * images[:, 2]
