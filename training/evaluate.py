@@ -54,6 +54,10 @@ def run(cfg: DictConfig) -> EvalRun | None:
     (training/evaluate_prompts.py); in a multi-process run only rank 0 returns the result, the others None."""
     if cfg.get("threads"):
         torch.set_num_threads(cfg.threads)
+    if cfg.get("throughput"):  # eval=throughput: images per second at each batch size, no quality tables
+        from mulo_sd.training.evaluate_throughput import run_throughput
+
+        return run_throughput(cfg)
     runs = expand_runs(run_entries(cfg))
     if cfg.prompts.get("file"):
         check_prompt_file_settings(cfg, runs)

@@ -73,3 +73,29 @@ def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     flat = probs.reshape(-1, probs.shape[-1])
     ids = torch.multinomial(flat, 1, generator=generator)
     return ids.reshape(probs.shape[:-1])
+
+
+def image_generators(generator, batch: int) -> list[torch.Generator]:
+    """The generator of every image of a batch: `generator` as a list of `batch` generators (image b draws
+    from generator[b] only, as when decoded alone), or one generator shared by all images (then the
+    speculative methods decode them one after another, each drawing from it in turn)."""
+    if isinstance(generator, torch.Generator):
+        return [generator] * batch
+    generators = list(generator)
+    if len(generators) != batch or not all(isinstance(g, torch.Generator) for g in generators):
+        raise ValueError(f"generator must be a torch.Generator or a list of {batch} (one per image)")
+    return generators
+
+
+def per_image(generator) -> bool:
+    """Whether `generator` is a list of per-image generators (what batched decoding together needs)."""
+    return not isinstance(generator, torch.Generator)
+
+
+def sample_rows(probs: torch.Tensor, generator) -> torch.Tensor:
+    """`sample` for a batch, probs [B, ..., V]: one generator for the whole batch (one draw over every row,
+    as `sample`), or a list of B generators, row b drawn from generator[b] exactly as `sample` alone would."""
+    if isinstance(generator, torch.Generator):
+        return sample(probs, generator)
+    generators = image_generators(generator, probs.shape[0])
+    return torch.cat([sample(probs[b : b + 1], g) for b, g in enumerate(generators)])

@@ -25,6 +25,13 @@ count drafts, acceptances, islands and cycles themselves.
   the order they were found.
 - accepted_per_cycle: draft tokens kept in each cycle of a tree method (eagle2); its mean plus one is
   EAGLE's mean accepted length (tokens committed per target verification).
+- tokens_padding: entries fed to a stateful model (target, drafter) for nothing in a batched call: rows
+  padded to the longest row of a `step_rows`, and idle rows (methods/lockstep.py). 0 for a decode of one
+  image and for methods that give every row the same positions (ar, zipar).
+- idle_rows: rows of batched stateful calls whose image asked nothing of that model in that call.
+- per_image: in a batched (lockstep) decode, each image's own record, its calls counted as if it were decoded
+  alone (its own sequential_steps); empty otherwise. The batch's call counts and sequential_steps are the
+  batched calls: the batch's critical path, that of its slowest image or longer (docs/batching.md).
 - phase_seconds: wall time per named phase (`with stats.phase("verify"): ...`), summed over entries.
 - wall_seconds: wall time of token generation (`with stats.wall(): ...`); the tokenizer's image decode,
   the same for every method, is left out of it and timed as phase "image".
@@ -53,6 +60,9 @@ COUNTS = (
     "tokens_evaluated",
     "cycles",
 )
+# counts of batched (lockstep) decodes only; in `as_dict` only for such records, so a single-image row keeps
+# its columns
+BATCH_COUNTS = ("tokens_padding", "idle_rows")
 # model role -> the count of its calls
 CALL_COUNTERS = {
     "target": "target_forwards",
@@ -76,12 +86,15 @@ class DecodeStats:
     tokens_resampled: int = 0
     tokens_evaluated: int = 0
     cycles: int = 0
+    tokens_padding: int = 0
+    idle_rows: int = 0
     islands_per_cycle: list[int] = field(default_factory=list)
     island_sizes: list[int] = field(default_factory=list)
     accepted_per_cycle: list[int] = field(default_factory=list)
     phase_seconds: dict[str, float] = field(default_factory=dict)
     wall_seconds: float = 0.0
     device: torch.device | None = field(default=None, repr=False, compare=False)
+    per_image: list[DecodeStats] = field(default_factory=list, repr=False, compare=False)
 
     def record_call(self, role: str, tokens: int) -> None:
         """Count one model call (methods/instrumented.py records every call here; no method counts by hand).
@@ -128,11 +141,12 @@ class DecodeStats:
 
     def add(self, other: DecodeStats) -> DecodeStats:
         """Merge `other` (e.g. the next batch) into this record in place: counts, lists and times add up."""
-        for name in COUNTS:
+        for name in (*COUNTS, *BATCH_COUNTS):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.islands_per_cycle.extend(other.islands_per_cycle)
         self.island_sizes.extend(other.island_sizes)
         self.accepted_per_cycle.extend(other.accepted_per_cycle)
+        self.per_image.extend(other.per_image)
         for name, seconds in other.phase_seconds.items():
             self.phase_seconds[name] = self.phase_seconds.get(name, 0.0) + seconds
         self.wall_seconds += other.wall_seconds
@@ -141,6 +155,9 @@ class DecodeStats:
     def as_dict(self) -> dict[str, int | float | str]:
         """One flat row for a CSV: every count, island summaries, `time_<phase>_s` and `wall_s`."""
         row: dict[str, int | float | str] = {name: getattr(self, name) for name in COUNTS}
+        if self.per_image:
+            row.update({name: getattr(self, name) for name in BATCH_COUNTS})
+            row["image_sequential_steps_max"] = max(image.sequential_steps for image in self.per_image)
         row["islands"] = len(self.island_sizes)
         row["island_size_mean"] = (
             sum(self.island_sizes) / len(self.island_sizes) if self.island_sizes else 0.0

@@ -8,9 +8,10 @@ prompt set, the prompts dealt over the ranks of a multi-process run (rank r take
   run, prompt, seed, batch size and `image_wall_s`, the batch's wall time over its size).
 - Resumable: an image counts as done when its PNG and its record both exist, and a rerun decodes only the
   rest. A line cut short by a kill is skipped and counted, and its image decoded again.
-- Throughput mode: `batch_size` > 1 decodes that many prompts together (one seed per batch, its generator
-  seeded with the seed); at batch 1 an image is the one `decode(method, models, [prompt], knobs, sampler,
-  seed)` gives, the same as in the batch-1 speed pass.
+- Throughput mode: `batch_size` > 1 decodes that many prompts together, each image with a generator of its
+  own seeded with the seed (docs/batching.md), so at every batch size an image is the one `decode(method,
+  models, [prompt], knobs, sampler, seed)` gives, the same as in the batch-1 speed pass, and resuming image
+  by image changes no image.
 
 The models, and how a prompt becomes a condition, stay behind mulo_sd.pipeline.decode_entry.decode.
 """
@@ -90,7 +91,7 @@ def generate(
         ]
         for _ in range(warmup if batches else 0):
             seed, batch = batches[0]
-            decode(run.method, models, [p.text for p in batch], run.knobs, sampler, seed)
+            decode(run.method, models, [p.text for p in batch], run.knobs, sampler, [seed] * len(batch))
         for seed, batch in batches:
             bar.set_postfix_str(f"{run.label}, seed {seed}", refresh=False)
             _decode_batch(models, run, batch, seed, sampler, run_dir, rank)
@@ -117,7 +118,8 @@ def _decode_batch(
 ) -> None:
     """Decode one batch, write its PNGs, then append their records to the rank's statistics file (an image
     counts as done once both exist)."""
-    result = decode(run.method, models, [p.text for p in batch], run.knobs, sampler, seed)
+    # one generator per image, each seeded with the seed: every image is its batch-1 decode (docs/batching.md)
+    result = decode(run.method, models, [p.text for p in batch], run.knobs, sampler, [seed] * len(batch))
     stats = result.stats.as_dict()
     records = []
     for prompt, image in zip(batch, result.image, strict=True):

@@ -32,7 +32,7 @@ import torch.nn as nn
 
 from mulo_sd.nets.gpt_config import GPTConfig
 from mulo_sd.nets.io import Pretrained
-from mulo_sd.nets.slot_cache import DecodeState, check_step, check_tree, visible_slots
+from mulo_sd.nets.slot_cache import DecodeState, check_row_step, check_step, check_tree, visible_slots
 from mulo_sd.nets.transformer import RMSNorm, TransformerBlock, rotary_angles
 
 
@@ -224,6 +224,23 @@ class GPT(nn.Module, Pretrained):
         return state.guide(self._logits(hidden))
 
     @torch.inference_mode()
+    def step_rows(self, state: DecodeState, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """`step` with positions of its own for every row: tokens, positions [B, n]; an entry at PADDING
+        (slot_cache.py) feeds nothing a real query sees and its logits are meaningless. Each row's real
+        entries get the logits `step` would give that row alone. Batched decoding (methods/lockstep.py)."""
+        c = self.config
+        if state.cond_len != c.cond_len or state.num_slots != c.num_slots or len(state.keys) != c.n_layer:
+            raise ValueError("this DecodeState was not made by this model's `start`")
+        slots = check_row_step(state, tokens, positions, c.num_tokens, c.vocab_size)
+        tokens = tokens.to(device=slots.device, dtype=torch.long)
+        if state.guided:
+            tokens, slots = torch.cat([tokens, tokens]), torch.cat([slots, slots])
+        state.written.scatter_(1, slots, True)
+        state.written[:, state.num_slots :] = False  # the padding slot is never shown to a query
+        hidden = self._hidden(self.tok_embeddings(tokens), slots, state.attention_mask(slots), state)
+        return state.guide(self._logits(hidden))
+
+    @torch.inference_mode()
     def step_tree(
         self, state: DecodeState, tokens: torch.Tensor, positions: torch.Tensor, parents: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -276,7 +293,7 @@ class GPT(nn.Module, Pretrained):
             return None
         grid = slots - c.cond_len
         angles = rotary_angles(c.position, c.head_dim, c.rope_base, c.grid_size[1], grid)
-        in_prefix = (grid < 0)[:, None]
+        in_prefix = (grid < 0)[..., None]
         if c.prefix_rotation == "identity":  # cos 1, sin 0: the prefix's queries and keys pass unrotated
             return angles.cos().masked_fill(in_prefix, 1.0), angles.sin().masked_fill(in_prefix, 0.0)
         # LlamaGen's zero rows: the prefix's queries and keys become 0

@@ -161,15 +161,47 @@ class DecodeState:
 
 
 def visible_slots(written: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    """Bool attention mask [B, 1, n, S] for queries at `slots` [n] over the slots marked in `written` [B, S].
+    """Bool attention mask [B, 1, n, S] for queries at `slots` [n] (or [B, n]: every row its own) over the
+    slots marked in `written` [B, S].
 
     A query sees written slots at indices <= its own, and always itself: condition padding slots are never
     written, yet their own query must attend to something (LlamaGen adds the same diagonal).
     """
     index = torch.arange(written.shape[1], device=slots.device)
-    own = index[None, :] == slots[:, None]
-    causal = index[None, :] <= slots[:, None]
+    own = index == slots[..., None]
+    causal = index <= slots[..., None]
     return ((written[:, None, :] | own) & causal).unsqueeze(1)
+
+
+def check_row_step(
+    state: DecodeState, tokens: torch.Tensor, positions: torch.Tensor, num_tokens: int, vocab_size: int
+) -> torch.Tensor:
+    """Validate the arguments of `step_rows` (positions [B, n], PADDING where a row feeds nothing) and return
+    the slots [B, n]: grid position p at slot cond_len + p, padding at the state's first tree slot (after
+    every grid slot, so no real query sees it; add_tree_slots(1) first)."""
+    if not isinstance(positions, torch.Tensor) or positions.dim() != 2 or positions.is_floating_point():
+        raise ValueError(f"positions must be a [B, n] integer tensor, got {_describe(positions)}")
+    if tuple(tokens.shape) != tuple(positions.shape) or positions.shape[0] != state.batch_size:
+        raise ValueError(
+            f"tokens and positions must both be [batch={state.batch_size}, n], got {list(tokens.shape)} and "
+            f"{list(positions.shape)}"
+        )
+    if state.tree_slots < 1:
+        raise ValueError("step_rows writes padding into a tree slot: call state.add_tree_slots(1) first")
+    cpu = positions.cpu()
+    real = cpu != PADDING
+    if ((cpu < 0) & real).any() or (cpu >= num_tokens).any():
+        raise ValueError(f"positions must lie in [0, {num_tokens}) or be PADDING ({PADDING})")
+    for row, mask in zip(cpu, real, strict=True):
+        if row[mask].unique().numel() != int(mask.sum()):
+            raise ValueError(f"positions must be distinct within each row, got {row.tolist()}")
+    if tokens.min() < 0 or tokens.max() >= vocab_size:
+        raise ValueError(f"tokens must lie in [0, {vocab_size}) (the vocabulary)")
+    slots = torch.where(real, cpu + state.cond_len, state.num_slots)
+    return slots.to(device=state.written.device, dtype=torch.long)
+
+
+PADDING = -1  # step_rows: a row's entry that feeds nothing (written to a scratch slot, its output unused)
 
 
 def tree_ancestors(parents: torch.Tensor) -> torch.Tensor:

@@ -39,10 +39,13 @@ class FeedForward(nn.Module):
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate the interleaved pairs (x[2i], x[2i+1]) of x [B, n, heads, head_dim]; cos, sin: [n, hd/2]."""
+    """Rotate the interleaved pairs (x[2i], x[2i+1]) of x [B, n, heads, head_dim]; cos, sin: [n, hd/2], or
+    [B, n, hd/2] when every row has its own positions (GPT.step_rows)."""
     dtype = torch.promote_types(x.dtype, torch.float32)
     real, imag = x.to(dtype).unflatten(-1, (-1, 2)).unbind(-1)
-    cos, sin = cos.to(dtype)[None, :, None], sin.to(dtype)[None, :, None]
+    if cos.dim() == 2:
+        cos, sin = cos[None], sin[None]
+    cos, sin = cos.to(dtype)[:, :, None], sin.to(dtype)[:, :, None]
     rotated = torch.stack([real * cos - imag * sin, imag * cos + real * sin], dim=-1)
     return rotated.flatten(-2).to(x.dtype)
 
@@ -70,8 +73,13 @@ class Attention(nn.Module):
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if cache is not None:
             keys, values = cache
-            keys.index_copy_(2, slots, k)
-            values.index_copy_(2, slots, v)
+            if slots.dim() == 1:
+                keys.index_copy_(2, slots, k)
+                values.index_copy_(2, slots, v)
+            else:  # per-row slots [B, n] (GPT.step_rows)
+                index = slots[:, None, :, None].expand_as(k)
+                keys.scatter_(2, index, k)
+                values.scatter_(2, index, v)
             k, v = keys, values
         if self.n_kv_head != self.n_head:
             k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
@@ -101,6 +109,6 @@ def rotary_angles(position: str, head_dim: int, base: float, width: int, grid: t
         exponents = torch.arange(0, half, 2, device=grid.device)[: half // 2].float() / half
         freqs = 1.0 / base**exponents
         rows, cols = grid.div(width, rounding_mode="floor"), grid.remainder(width)
-        return torch.cat([rows.float()[:, None] * freqs, cols.float()[:, None] * freqs], dim=-1)
+        return torch.cat([rows.float()[..., None] * freqs, cols.float()[..., None] * freqs], dim=-1)
     exponents = torch.arange(0, head_dim, 2, device=grid.device).float() / head_dim
-    return grid.float()[:, None] * (1.0 / base**exponents)
+    return grid.float()[..., None] * (1.0 / base**exponents)

@@ -96,6 +96,12 @@ def check_accounting(stats, size=H * W):
     assert stats.tokens_drafted >= stats.tokens_accepted + stats.tokens_rejected
     calls = stats.target_forwards + stats.drafter_forwards + stats.upsampler_calls + stats.downsampler_calls
     assert stats.sequential_steps == calls  # every call of this implementation is on the critical path
+    if stats.per_image:  # a batch decoded together: per image as alone, the batch's calls shared
+        for image in stats.per_image:
+            check_accounting(image, size)
+        assert stats.sequential_steps <= sum(image.sequential_steps for image in stats.per_image)
+        assert stats.sequential_steps >= max(image.sequential_steps for image in stats.per_image)
+        return
     assert stats.upsampler_calls == stats.cycles
     assert stats.downsampler_calls <= stats.cycles - stats.batch_size  # none after an image's last cycle
     assert {"prefill", "draft", "upsample", "verify"} <= set(stats.phase_seconds)

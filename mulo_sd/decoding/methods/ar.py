@@ -6,7 +6,7 @@ import torch
 
 from mulo_sd.decoding.methods.instrumented import Recorded
 from mulo_sd.decoding.methods.result import DecodeResult, finish
-from mulo_sd.decoding.sampling import SamplerConfig, process_logits, sample
+from mulo_sd.decoding.sampling import SamplerConfig, process_logits, sample_rows
 from mulo_sd.decoding.stats import DecodeStats
 
 
@@ -15,7 +15,7 @@ def decode_ar(
     model,
     cond: torch.Tensor,
     sampler: SamplerConfig,
-    generator: torch.Generator,
+    generator: torch.Generator | list[torch.Generator],
     cond_mask: torch.Tensor | None = None,
     tokenizer=None,
 ) -> DecodeResult:
@@ -32,9 +32,9 @@ def decode_ar(
     with stats.wall():
         with stats.phase("prefill"):
             state = model.start(cond, sampler.cfg_scale, cond_mask=cond_mask)
-            tokens[:, 0] = sample(process_logits(state.first_logits, sampler), generator)
+            tokens[:, 0] = sample_rows(process_logits(state.first_logits, sampler), generator)
         with stats.phase("decode"):
             for i in range(h * w - 1):
                 logits = model.step(state, tokens[:, i : i + 1], positions[i : i + 1])
-                tokens[:, i + 1] = sample(process_logits(logits[:, 0], sampler), generator)
+                tokens[:, i + 1] = sample_rows(process_logits(logits[:, 0], sampler), generator)
     return finish(tokens.view(batch, h, w), stats, tokenizer)

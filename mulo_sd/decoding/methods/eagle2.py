@@ -29,7 +29,11 @@ per cycle at most: one that feeds the committed tokens, then one per further lev
 critical path. tokens_drafted = tree nodes verified (root excluded); tokens_accepted = drafts kept;
 tokens_rejected = siblings tried and rejected; tokens_resampled = positions the target sampled itself (the
 first token, and one per cycle unless the grid ended); accepted_per_cycle: drafts kept in each cycle.
-Rows of a batch are decoded one image at a time.
+Rows of a batch are decoded one image at a time, image b from its own generator when `generator` is a list
+(one per image), so its tokens equal decoding it alone. Not batched: every image grows its own
+dynamic tree (its own node count, positions and parents, hence its own tree mask), and each level of the
+head's expansion depends on the scores of the level before; one call over all trees would need per-row tree
+positions, masks and tree slots in both the target and the head (docs/batching.md).
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ import torch
 
 from mulo_sd.decoding.methods.instrumented import DRAFT_HEAD, Recorded
 from mulo_sd.decoding.methods.result import DecodeResult, finish
-from mulo_sd.decoding.sampling import SamplerConfig, process_logits, sample
+from mulo_sd.decoding.sampling import SamplerConfig, image_generators, process_logits, sample
 from mulo_sd.decoding.stats import DecodeStats
 
 
@@ -80,11 +84,12 @@ def decode_eagle2(
     head.check_target(target)
     check_tree_knobs(depth, top_k, total_tokens, target.vocab_size)
     batch = cond.shape[0]
+    generators = image_generators(generator, batch)
     images, stats = [], None
     for i in range(batch):
         mask = None if cond_mask is None else cond_mask[i : i + 1]
         tokens, image_stats = _decode_image(
-            target, head, cond[i : i + 1], mask, sampler, generator, depth, top_k, total_tokens
+            target, head, cond[i : i + 1], mask, sampler, generators[i], depth, top_k, total_tokens
         )
         images.append(tokens)
         stats = image_stats if stats is None else stats.add(image_stats)

@@ -12,8 +12,10 @@ target's distribution, and with greedy sampling they equal greedy `decode_ar`'s 
 so the pooled neighbours carry no mass below any delta < 1 and that holds for every such delta).
 
 All randomness (drafts, acceptance uniforms, resampling) comes from `generator`. Slots holding a dropped or
-outdated token are rewritten by the next call of that model reaching past them (grid_fill.SlotGrid). Rows of a
-batch are decoded one image at a time; statistics are the per-image records merged with `DecodeStats.add`.
+outdated token are rewritten by the next call of that model reaching past them (grid_fill.SlotGrid). The rows
+of a batch are decoded together when `generator` is a list (one per image), each image with its own accept
+lengths (methods/lockstep.py: image b's tokens equal decoding it alone); one generator for the batch, or
+models without `step_rows`: one image at a time, the records merged with `DecodeStats.add`.
 
 Statistics: target_forwards = `start` + one verification per cycle; drafter_forwards = `start` + draft
 calls (the first position of the grid is drafted from the drafter's `start`); every call is on the critical
@@ -29,8 +31,9 @@ import torch
 from mulo_sd.decoding.accept import check_neighbour_knobs, lantern_relaxed_probability, lantern_residual
 from mulo_sd.decoding.methods.grid_fill import NOTHING, SlotGrid, step_grid
 from mulo_sd.decoding.methods.instrumented import Recorded
+from mulo_sd.decoding.methods.lockstep import decode_images
 from mulo_sd.decoding.methods.result import DecodeResult, finish
-from mulo_sd.decoding.sampling import SamplerConfig, process_logits, sample
+from mulo_sd.decoding.sampling import SamplerConfig, image_generators, per_image, process_logits, sample
 from mulo_sd.decoding.stats import DecodeStats
 
 
@@ -63,14 +66,17 @@ def decode_lantern(
     check_neighbour_knobs(neighbours, k, target.vocab_size)
     neighbours = neighbours.to(cond.device)  # once, not per cycle (LANTERN's table can be large)
     batch = cond.shape[0]
-    images, stats = [], None
-    for i in range(batch):
+    generators = image_generators(generator, batch)
+
+    def job(i: int, models: dict):
         mask = None if cond_mask is None else cond_mask[i : i + 1]
-        tokens, image_stats = _decode_image(
-            target, drafter, cond[i : i + 1], mask, sampler, generator, k, delta, neighbours, draft_len
+        return _decode_image(
+            *models.values(), cond[i : i + 1], mask, sampler, generators[i], k, delta, neighbours, draft_len
         )
-        images.append(tokens)
-        stats = image_stats if stats is None else stats.add(image_stats)
+
+    images, stats = decode_images(
+        job, {"target": target, "drafter": drafter}, batch, cond.device, per_image(generator)
+    )
     height, width = target.grid_size
     return finish(torch.stack(images).view(batch, height, width).to(cond.device), stats, tokenizer)
 

@@ -50,8 +50,11 @@ Project decisions:
   island's fed position lies between two of its own), so every query sees exactly the context of the batched
   call and the tokens are the same as with `parallel=True`; only the call count grows. Filling whole islands
   one after another would change the context later islands see.
-- The rows of a batch are decoded one image at a time (their accept patterns, hence schedules, differ); the
-  statistics are the per-image records merged with `DecodeStats.add`.
+- The rows of a batch are decoded together (methods/lockstep.py, docs/batching.md): each image runs its own
+  schedule (accept patterns differ) with its own generator (`generator`: a list, one per image), and every
+  round of model calls is batched across the images (per-row positions, idle images padded); image b's
+  tokens equal decoding it alone. One generator for the batch, or models without `step_rows`: the images
+  are decoded one at a time, the statistics merged with `DecodeStats.add`.
 
 Statistics (the call counts and sequential_steps recorded by the model wrappers, methods/instrumented.py):
 target_forwards = target `start` + verifications + island steps + refreshes; drafter_forwards = drafter
@@ -82,8 +85,9 @@ from mulo_sd.decoding.accept import ACCEPT_RULES, accept_pooled, check_neighbour
 from mulo_sd.decoding.islands import expand_rejections, find_islands
 from mulo_sd.decoding.methods.grid_fill import NOTHING, OUTDATED, SlotGrid, fill, step_grid
 from mulo_sd.decoding.methods.instrumented import DOWNSAMPLER, UPSAMPLER, Recorded
+from mulo_sd.decoding.methods.lockstep import decode_images
 from mulo_sd.decoding.methods.result import DecodeResult, finish
-from mulo_sd.decoding.sampling import SamplerConfig, process_logits, sample
+from mulo_sd.decoding.sampling import SamplerConfig, image_generators, per_image, process_logits, sample
 from mulo_sd.decoding.stats import DecodeStats
 
 REJECTIONS = ("local", "naive", "raster")
@@ -166,11 +170,14 @@ def decode_mulo(
         parallel=parallel,
         drafter_sampler=drafter_sampler,
     )
-    images, stats = [], None
-    for i in range(cond.shape[0]):
-        image = ImageDecode(target, drafter, upsampler, downsampler, sampler, generator, knobs, cond.device)
-        images.append(image.run(cond[i : i + 1], None if cond_mask is None else cond_mask[i : i + 1]))
-        stats = image.stats if stats is None else stats.add(image.stats)
+    generators = image_generators(generator, cond.shape[0])
+    models = {"target": target, "drafter": drafter, "upsampler": upsampler, "downsampler": downsampler}
+
+    def job(i: int, models: dict):
+        image = ImageDecode(*models.values(), sampler, generators[i], knobs, cond.device)
+        return image.run(cond[i : i + 1], None if cond_mask is None else cond_mask[i : i + 1]), image.stats
+
+    images, stats = decode_images(job, models, cond.shape[0], cond.device, per_image(generator))
     tokens = torch.stack(images).view(cond.shape[0], *target.grid_size).to(cond.device)
     return finish(tokens, stats, tokenizer)
 

@@ -25,7 +25,8 @@ import torch
 
 from mulo_sd.decoding.methods.instrumented import Recorded
 from mulo_sd.decoding.methods.result import DecodeResult, finish
-from mulo_sd.decoding.sampling import SamplerConfig, process_logits, sample
+from mulo_sd.decoding.sampling import SamplerConfig, process_logits
+from mulo_sd.decoding.sampling import sample_rows as sample  # a list of generators: one per row
 from mulo_sd.decoding.stats import DecodeStats
 
 
@@ -40,7 +41,7 @@ def decode_zipar(
     model,
     cond: torch.Tensor,
     sampler: SamplerConfig,
-    generator: torch.Generator,
+    generator: torch.Generator | list[torch.Generator],
     window: int,
     cond_mask: torch.Tensor | None = None,
     tokenizer=None,
