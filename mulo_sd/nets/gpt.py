@@ -208,13 +208,18 @@ class GPT(nn.Module, Pretrained):
         state.first_hidden = hidden[:, -1]
         return state
 
+    def _config_of(self, state: DecodeState) -> GPTConfig:
+        """The model's config, once `state` is checked to be one of this model's (made by its `start`)."""
+        c = self.config
+        if state.cond_len != c.cond_len or state.num_slots != c.num_slots or len(state.keys) != c.n_layer:
+            raise ValueError("this DecodeState was not made by this model's `start`")
+        return c
+
     @torch.inference_mode()
     def step(self, state: DecodeState, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Write tokens [B, n] at grid positions [n] and return guided logits [B, n, V]; logits[:, i] is the
         next-token distribution for grid position positions[i] + 1."""
-        c = self.config
-        if state.cond_len != c.cond_len or state.num_slots != c.num_slots or len(state.keys) != c.n_layer:
-            raise ValueError("this DecodeState was not made by this model's `start`")
+        c = self._config_of(state)
         slots = check_step(state, tokens, positions, c.num_tokens, c.vocab_size)
         tokens = tokens.to(device=slots.device, dtype=torch.long)
         if state.guided:
@@ -228,9 +233,7 @@ class GPT(nn.Module, Pretrained):
         """`step` with positions of its own for every row: tokens, positions [B, n]; an entry at PADDING
         (slot_cache.py) feeds nothing a real query sees and its logits are meaningless. Each row's real
         entries get the logits `step` would give that row alone. Batched decoding (methods/lockstep.py)."""
-        c = self.config
-        if state.cond_len != c.cond_len or state.num_slots != c.num_slots or len(state.keys) != c.n_layer:
-            raise ValueError("this DecodeState was not made by this model's `start`")
+        c = self._config_of(state)
         slots = check_row_step(state, tokens, positions, c.num_tokens, c.vocab_size)
         tokens = tokens.to(device=slots.device, dtype=torch.long)
         if state.guided:
@@ -249,9 +252,7 @@ class GPT(nn.Module, Pretrained):
         to the state's tree slots, not to the grid (slot_cache.py: add_tree_slots, commit_tree). Returns the
         guided logits [B, n, V] (the next-token distribution after each node's path) and the final hidden
         features [B', n, dim] of every internal row (conditional rows first under guidance)."""
-        c = self.config
-        if state.cond_len != c.cond_len or state.num_slots != c.num_slots or len(state.keys) != c.n_layer:
-            raise ValueError("this DecodeState was not made by this model's `start`")
+        c = self._config_of(state)
         slots = check_tree(state, tokens, positions, parents, c.num_tokens, c.vocab_size)
         tokens = tokens.to(device=slots.device, dtype=torch.long)
         if state.guided:
