@@ -25,6 +25,8 @@ import torch
 
 from mulo_sd.decoding.sampling import SamplerConfig
 from mulo_sd.evaluation.runs import RunSpec
+from mulo_sd.evaluation.tables import markdown_table
+from mulo_sd.evaluation.writers import write_csv
 from mulo_sd.pipeline.decode_entry import decode
 
 COLUMNS = (
@@ -167,16 +169,9 @@ def _rss() -> int:
 
 def write_throughput(rows: list[dict], out_dir: Path, command: str) -> dict[str, Path]:
     """Write the CSV, the markdown table with its command, and the plot into out_dir -> their paths."""
-    import csv
-
-    from mulo_sd.evaluation.tables import markdown_table
-
     out_dir.mkdir(parents=True, exist_ok=True)
     files = {kind: out_dir / f"throughput.{kind}" for kind in ("csv", "md", "png")}
-    with open(files["csv"], "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(files["csv"], rows)  # rows are _row's dicts: COLUMNS, in order
     table = markdown_table(rows, COLUMNS) if rows else ""
     files["md"].write_text(f"# Throughput\n\n    {command}\n\n{table}\n")
     _plot(rows, files["png"])
