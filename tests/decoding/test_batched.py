@@ -5,11 +5,11 @@ image alone under the same per-image generator (docs/batching.md), for prompts w
 import pytest
 import torch
 
-from mulo_sd.decoding.methods import decode_ar, decode_eagle2, decode_lantern, decode_mulo, decode_zipar
 from mulo_sd.decoding.sampling import SamplerConfig
 from mulo_sd.decoding.stats import COUNTS
+from tests.decoding.dispatch import decode_method
 from tests.decoding.test_eagle2 import tiny_head
-from tests.decoding.test_mulo import H, RepeatUpsampler, StridedDownsampler, V, W
+from tests.decoding.test_mulo import H, V, W
 from tests.helpers import tiny_gpt
 
 GUIDED = SamplerConfig(temperature=1.0, cfg_scale=2.0)
@@ -40,21 +40,7 @@ def models():
 
 
 def decode(name, models, cond, generator, sampler=GUIDED):
-    target, drafter, low_drafter, head = models
-    if name == "ar":
-        return decode_ar(target, cond, sampler, generator)
-    if name == "zipar":
-        return decode_zipar(target, cond, sampler, generator, window=2)
-    if name == "lantern":
-        return decode_lantern(
-            target, drafter, cond, sampler, generator, k=2, delta=0.2, neighbours=NEIGHBOURS, draft_len=3
-        )
-    if name == "eagle2":
-        return decode_eagle2(target, head, cond, sampler, generator, depth=3, top_k=3, total_tokens=6)
-    return decode_mulo(
-        target, low_drafter, RepeatUpsampler(2), StridedDownsampler(2), cond, sampler, generator,
-        neighbours=NEIGHBOURS, **MULO[name],
-    )  # fmt: skip
+    return decode_method(name, models, cond, sampler, generator, NEIGHBOURS, MULO.get(name))
 
 
 def generators(seeds):

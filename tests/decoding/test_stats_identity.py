@@ -10,10 +10,10 @@ import json
 import pytest
 import torch
 
-from mulo_sd.decoding.methods import decode_ar, decode_eagle2, decode_lantern, decode_mulo, decode_zipar
 from mulo_sd.decoding.sampling import SamplerConfig
+from tests.decoding.dispatch import decode_method
 from tests.decoding.test_eagle2 import tiny_head
-from tests.decoding.test_mulo import H, RepeatUpsampler, StridedDownsampler, V, W
+from tests.decoding.test_mulo import H, V, W
 from tests.helpers import tiny_gpt
 
 SAMPLED = SamplerConfig(temperature=1.0, cfg_scale=2.0)
@@ -44,23 +44,8 @@ EXPECTED = {  # recorded with the runtime of commit 3c963fc and again after the 
 
 
 def decode(name, models):
-    target, drafter, low_drafter, head = models
-    generator = torch.Generator().manual_seed(3)
-    if name == "ar":
-        return decode_ar(target, COND, SAMPLED, generator)
-    if name == "zipar":
-        return decode_zipar(target, COND, SAMPLED, generator, window=2)
-    if name == "lantern":
-        return decode_lantern(
-            target, drafter, COND, SAMPLED, generator, k=2, delta=0.2, neighbours=NEIGHBOURS, draft_len=3
-        )
-    if name == "eagle2":
-        return decode_eagle2(target, head, COND, SAMPLED, generator, depth=3, top_k=3, total_tokens=6)
-    knobs = {"tau": 0.02, "k": 2, **MULO[name]}
-    return decode_mulo(
-        target, low_drafter, RepeatUpsampler(2), StridedDownsampler(2), COND, SAMPLED, generator,
-        neighbours=NEIGHBOURS, **knobs,
-    )  # fmt: skip
+    knobs = {"tau": 0.02, "k": 2, **MULO[name]} if name in MULO else None
+    return decode_method(name, models, COND, SAMPLED, torch.Generator().manual_seed(3), NEIGHBOURS, knobs)
 
 
 def fingerprint(result) -> str:
