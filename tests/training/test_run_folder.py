@@ -237,13 +237,18 @@ def outputs(*processes: subprocess.Popen) -> list[str]:
     return [process.communicate()[0] for process in processes]
 
 
+RACE_STEPS = 60
+
+
 @pytest.mark.slow
 def test_two_runs_started_seconds_apart_into_one_folder_the_second_is_refused_before_training(tmp_path):
     run_dir, data_dir = tmp_path / "run", tmp_path / "data"
     common = ["trainer.val_check_interval=100000", "callbacks.checkpoint.every_n_train_steps=100000"]
-    runs = [mulo_train(run_dir, data_dir, *common, "trainer.max_steps=3", "seed=1")]
+    # RACE_STEPS: the winner still trains when the other reaches the lock, on idle cores too (with 3 steps the
+    # first could finish before the second had imported: both ran, one after the other)
+    runs = [mulo_train(run_dir, data_dir, *common, f"trainer.max_steps={RACE_STEPS}", "seed=1")]
     time.sleep(2)  # the first is still importing: neither has the lock yet
-    runs.append(mulo_train(run_dir, data_dir, *common, "trainer.max_steps=3", "seed=2"))
+    runs.append(mulo_train(run_dir, data_dir, *common, f"trainer.max_steps={RACE_STEPS}", "seed=2"))
     texts = outputs(*runs)
     codes = [process.returncode for process in runs]
     assert sorted(codes) == [0, 1], texts  # whichever of the two locked the folder first trains
@@ -251,7 +256,7 @@ def test_two_runs_started_seconds_apart_into_one_folder_the_second_is_refused_be
     refused = texts[loser]
     assert f"error: run folder {run_dir} is in use by pid {runs[winner].pid} on host " in refused
     assert "GPU available" not in refused  # it stopped before building its Trainer
-    assert metric_steps(run_dir, "train/loss") == [0, 1, 2]  # one run's steps, once
+    assert metric_steps(run_dir, "train/loss") == list(range(RACE_STEPS))  # one run's steps, once
     assert f"seed={winner + 1}" in OmegaConf.load(run_dir / ".hydra" / "overrides.yaml")
     assert not (run_dir / ".hydra" / "launch-1").exists()  # the refused run moved and wrote nothing
 
