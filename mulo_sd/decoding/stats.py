@@ -33,6 +33,13 @@ count drafts, acceptances, islands and cycles themselves.
   alone (its own sequential_steps); empty otherwise. The batch's call counts and sequential_steps are the
   batched calls: the batch's critical path, that of its slowest image or longer (docs/batching.md).
 - phase_seconds: wall time per named phase (`with stats.phase("verify"): ...`), summed over entries.
+- calls: the call schedule, one (kind, tokens fed) per recorded model call in the order of the calls (its
+  length is sequential_steps). kind is '<role>.<forward>' (e.g. 'target.start', 'target.step',
+  'target.step_tree', 'drafter.step', 'upsampler.upsample_rows', 'downsampler.downsample'; the bare role when
+  the caller names no forward); tokens fed is what the model was given, summed over the batch: ids for a
+  `start`-ed model's steps (0 for `start`), features for a draft head (their count of positions), the
+  token grid passed to an up-/down-sampler. Kept for the cost model (mulo_sd/evaluation/cost_model.py), not
+  a CSV column: `as_dict` leaves it out, `add` concatenates.
 - wall_seconds: wall time of token generation (`with stats.wall(): ...`); the tokenizer's image decode,
   the same for every method, is left out of it and timed as phase "image".
 CUDA work is synchronised at the edges of every timed block when `device` is a CUDA device.
@@ -95,11 +102,13 @@ class DecodeStats:
     wall_seconds: float = 0.0
     device: torch.device | None = field(default=None, repr=False, compare=False)
     per_image: list[DecodeStats] = field(default_factory=list, repr=False, compare=False)
+    calls: list[tuple[str, int]] = field(default_factory=list, repr=False, compare=False)
 
-    def record_call(self, role: str, tokens: int) -> None:
+    def record_call(self, role: str, tokens: int, kind: str | None = None, fed: int | None = None) -> None:
         """Count one model call (methods/instrumented.py records every call here; no method counts by hand).
         role: 'target', 'drafter', 'upsampler' or 'downsampler'; tokens: image tokens fed, summed over the
-        batch (only the target's enter a statistic: tokens_evaluated).
+        batch (only the target's enter a statistic: tokens_evaluated). kind: the forward called ('start',
+        'step', ...), fed: the tokens it was fed for the schedule `calls` (None: `tokens`).
 
         Every call waits on the call recorded before it: the methods issue one model call at a time, each
         built from what the calls before it returned (sampled tokens, drafts) or wrote into a cache, and a
@@ -112,6 +121,7 @@ class DecodeStats:
         if role == "target":
             self.tokens_evaluated += tokens
         self.sequential_steps += 1
+        self.calls.append((role if kind is None else f"{role}.{kind}", tokens if fed is None else fed))
 
     def _sync(self) -> None:
         if self.device is not None and torch.device(self.device).type == "cuda":
@@ -147,6 +157,7 @@ class DecodeStats:
         self.island_sizes.extend(other.island_sizes)
         self.accepted_per_cycle.extend(other.accepted_per_cycle)
         self.per_image.extend(other.per_image)
+        self.calls.extend(other.calls)
         for name, seconds in other.phase_seconds.items():
             self.phase_seconds[name] = self.phase_seconds.get(name, 0.0) + seconds
         self.wall_seconds += other.wall_seconds
