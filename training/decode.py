@@ -125,7 +125,8 @@ def run(cfg: DictConfig) -> dict:
     # the method, its knobs (over the set's own, e.g. tar_1024's MuLo-SD r=4) and the set's folders for
     # them are checked before any model loads
     output = pipeline(prompt, cfg.method, seed, sampler=SamplerConfig(**sampler),
-                      compare_ar=bool(cfg.get("compare_ar")), **set_knobs(cfg.knobs))  # fmt: skip
+                      compare_ar=bool(cfg.get("compare_ar")), compile=bool(cfg.get("compile")),
+                      **set_knobs(cfg.knobs))  # fmt: skip
     output.images[0].save(out)
     log.info("wrote %s", out)
     if cfg.get("save_tokens"):

@@ -4,6 +4,7 @@ batch 1.
 
 Protocol:
 - warm-up: each run decodes the first prompt `warmup` times first (allocations, kernels; results dropped);
+  its seconds are the summary's `warmup_s`, for a compiled run (RunSpec.compile) its compilation;
 - interleaving: for each prompt and seed, every run decodes once before the next prompt starts, in an order
   rotated by one per prompt, so machine noise (other jobs, clock changes) hits all runs alike;
 - speed: `wall_s` is the decode's token-generation time (DecodeStats.wall_seconds; the image decode is left
@@ -43,6 +44,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -103,11 +105,13 @@ def evaluate(
     reported = reported_splits(splits)
     shown = [p for p in prompts if p.split == reported[0]][:grid_prompts]
     sweep = Sweep(models, run_models, sampler, device, quality, scorer, shown, seeds[0])
-    sweep.warm_up(runs, prompts[0], seeds[0], warmup)
+    warmup_seconds = sweep.warm_up(runs, prompts[0], seeds[0], warmup)
     fd_ar_prompts = [p for p in prompts if p.split in reported] if fd_ar_seeds else []
     decodes = sweep.decode_all(runs, reference, prompts, seeds, fd_ar_prompts, fd_ar_seeds, progress)
     rows = decodes.rows
     summary = _summarize_splits(rows, runs, splits, reference, bootstrap)
+    for entry in summary:
+        entry["warmup_s"] = round(warmup_seconds[entry["label"]], 3)
     if quality:
         add_texture_columns(summary, real_textures(prompts), reference.label)
     references = []
@@ -183,11 +187,16 @@ class Sweep:
         self.target = self.models.require("target")
         self.grid_columns = {(p.split, p.index): n for n, p in enumerate(self.shown)}
 
-    def warm_up(self, runs: list[RunSpec], prompt: Prompt, seed: int, times: int) -> None:
-        """Each run decodes `prompt` `times` times, the results dropped (allocations, kernels)."""
+    def warm_up(self, runs: list[RunSpec], prompt: Prompt, seed: int, times: int) -> dict[str, float]:
+        """Each run decodes `prompt` `times` times, the results dropped (allocations, kernels; a compiled
+        run's graphs) -> run label -> the seconds it took."""
+        seconds = {}
         for run in runs:
+            start = time.perf_counter()
             for _ in range(times):
                 self._decode(run, prompt, seed)
+            seconds[run.label] = time.perf_counter() - start
+        return seconds
 
     def decode_all(
         self, runs: list[RunSpec], reference: RunSpec, prompts: list[Prompt], seeds: list[int],
@@ -242,7 +251,10 @@ class Sweep:
         self._add_features(OTHER_SEEDS, prompt, seed, result.image)
 
     def _decode(self, run: RunSpec, prompt: Prompt, seed: int):
-        return decode(run.method, self.run_models[run.label], [prompt.caption], run.knobs, self.sampler, seed)
+        models = self.run_models[run.label]
+        return decode(
+            run.method, models, [prompt.caption], run.knobs, self.sampler, seed, compile=run.compile
+        )
 
     def _add_features(self, label: str, prompt: Prompt, seed: int, images: torch.Tensor) -> None:
         decodes = self.decodes.features.setdefault((label, prompt.split), {})

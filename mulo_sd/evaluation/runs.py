@@ -1,6 +1,8 @@
 """The runs of an evaluation (docs/evaluation.md section 1): a run is one operating point, a method with its
 knobs; config entries expand into runs (a knob sweep gives one run per value), and the one plain-AR run is
-the reference every speedup and paired difference is measured against.
+the reference every speedup and paired difference is measured against. A run with `compile: true` decodes
+through torch.compile'd model steps (mulo_sd/nets/compiled.py), so a compiled AR can stand beside the eager
+one; the reference is the eager AR run.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from mulo_sd.pipeline.decode_entry import required_models, resolve_knobs
 from mulo_sd.pipeline.run_models import check_folders
 
 REFERENCE_METHOD = "ar"
-ENTRY_KEYS = ("method", "family", "label", "knobs", "sweep", "folders", "ablation")
+ENTRY_KEYS = ("method", "family", "label", "knobs", "sweep", "folders", "ablation", "compile")
 
 
 @dataclass
@@ -19,7 +21,8 @@ class RunSpec:
     """One operating point: `method` with `knobs`. `family` groups a knob sweep into one curve / table row
     (default: the method); `label` names the run uniquely (default: family and knobs); `folders` (role ->
     folder) gives the run its own model for a role (mulo_sd/pipeline/run_models.py); `ablations` names the
-    ablation tables the run appears in."""
+    ablation tables the run appears in; `compile`: the run decodes through compiled model steps (give it a
+    family or label of its own beside the eager run of the same method)."""
 
     method: str
     knobs: dict = field(default_factory=dict)
@@ -27,6 +30,7 @@ class RunSpec:
     label: str = ""
     folders: dict = field(default_factory=dict)
     ablations: tuple[str, ...] = ()
+    compile: bool = False
 
     def __post_init__(self):
         resolve_knobs(self.method, self.knobs)  # a bad method or knob fails before anything is decoded
@@ -37,8 +41,8 @@ class RunSpec:
 
 def expand_runs(entries: list[dict]) -> list[RunSpec]:
     """Run specs from config entries `{method, family?, label?, knobs?, sweep?: {knob: [values]}, folders?:
-    {role: folder}, ablation?: name or [names]}`; a sweep (one knob) gives one run per value, labelled
-    '<family> <knob>=<value>'; `label` names a run without a sweep."""
+    {role: folder}, ablation?: name or [names], compile?: bool}`; a sweep (one knob) gives one run per value,
+    labelled '<family> <knob>=<value>'; `label` names a run without a sweep."""
     runs = []
     for entry in entries:
         unknown = sorted(set(entry) - set(ENTRY_KEYS))
@@ -48,6 +52,7 @@ def expand_runs(entries: list[dict]) -> list[RunSpec]:
         sweep, folders = dict(entry.get("sweep") or {}), dict(entry.get("folders") or {})
         ablations = entry.get("ablation") or ()
         ablations = (ablations,) if isinstance(ablations, str) else tuple(ablations)
+        compile = bool(entry.get("compile"))
         if len(sweep) > 1:
             raise ValueError(f"a run entry sweeps one knob, got {sorted(sweep)} for family '{family}'")
         if sweep and entry.get("label"):
@@ -55,18 +60,21 @@ def expand_runs(entries: list[dict]) -> list[RunSpec]:
                 f"a run entry with a sweep is labelled by its values, not label '{entry['label']}'"
             )
         if not sweep:
-            runs.append(RunSpec(entry["method"], knobs, family, entry.get("label") or "", folders, ablations))
+            label = entry.get("label") or ""
+            runs.append(RunSpec(entry["method"], knobs, family, label, folders, ablations, compile))
             continue
         ((name, values),) = sweep.items()
         for value in values:
             label = f"{family} {name}={value}"
-            runs.append(RunSpec(entry["method"], {**knobs, name: value}, family, label, folders, ablations))
+            runs.append(
+                RunSpec(entry["method"], {**knobs, name: value}, family, label, folders, ablations, compile)
+            )
     return runs
 
 
 def reference_run(runs: list[RunSpec]) -> RunSpec:
-    """The single plain-AR run every speedup is measured against."""
-    references = [run for run in runs if run.method == REFERENCE_METHOD]
+    """The single eager plain-AR run every speedup is measured against."""
+    references = [run for run in runs if run.method == REFERENCE_METHOD and not run.compile]
     if len(references) != 1:
         raise ValueError(
             f"the run set needs exactly one '{REFERENCE_METHOD}' run (the speed reference), got "

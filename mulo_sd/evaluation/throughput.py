@@ -10,7 +10,8 @@ its token generation alone (`token_*`: DecodeStats.wall_seconds, the same tokeni
 batch's sequential steps per batch and its slowest image's own, the entries fed for padding and idle rows
 per image, and the peak memory of a batch above what was in use before it: CUDA `max_memory_allocated`, on
 CPU the peak resident set size sampled every 2 ms (/proc/self/statm), which also counts the allocator's
-caching.
+caching. A compiled run (RunSpec.compile) warms up at every B instead, on a whole batch, since its graphs
+compile per batch size: that untimed decode's seconds are its `compile_s` (compilation and one decode).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from mulo_sd.pipeline.decode_entry import decode
 COLUMNS = (
     "family", "label", "method", "batch_size", "images", "seconds", "images_per_s", "vs_ar",
     "token_images_per_s", "token_vs_ar",
-    "steps_per_batch", "slowest_image_steps", "padding_per_image", "peak_memory_mb",
+    "steps_per_batch", "slowest_image_steps", "padding_per_image", "peak_memory_mb", "compile_s",
 )  # fmt: skip
 
 
@@ -49,6 +50,7 @@ class Measured:
     slowest_image_steps: int | None = 0  # None: not recorded (images decoded one after another: eagle2)
     padding: int = 0
     peak_bytes: int = 0
+    compile_s: float | None = None  # a compiled run's warm-up at this batch size (None: an eager run)
 
 
 def measure_throughput(
@@ -64,20 +66,23 @@ def measure_throughput(
     captions[j * B : (j + 1) * B] (cycled when there are fewer); image i of a run decodes under seed i."""
     if not captions:
         raise ValueError("throughput needs at least one prompt (prompts.count)")
-    if not any(run.method == "ar" for run in runs):
+    if not any(run.method == "ar" and not run.compile for run in runs):
         raise ValueError(
-            "throughput reports every method over AR's images per second: add a run of method 'ar'"
+            "throughput reports every method over eager AR's images per second: add a run of method 'ar'"
         )
     if min(batch_sizes) < 1:
         raise ValueError(f"throughput.batch_sizes must be >= 1, got {batch_sizes}")
     for run in runs:  # warm-up, untimed: allocations, kernels, the neighbour tables
-        _decode_batch(run, models_of[run.label], captions[:1], sampler, 0)
+        if not run.compile:
+            _decode_batch(run, models_of[run.label], captions[:1], sampler, 0)
     rows = []
     for size in batch_sizes:
         per_run = {}
         for run in runs:
+            compile_s = _warm_up(run, models_of[run.label], captions, size, sampler) if run.compile else None
             per_run[run.label] = _measure(run, models_of[run.label], captions, size, batches, sampler, device)
-        ar = next(per_run[run.label] for run in runs if run.method == "ar")
+            per_run[run.label].compile_s = compile_s
+        ar = next(per_run[run.label] for run in runs if run.method == "ar" and not run.compile)
         rows += [_row(run, size, per_run[run.label], ar) for run in runs]
     return rows
 
@@ -102,9 +107,17 @@ def _measure(run, models, captions, size, batches, sampler, device) -> Measured:
     return measured
 
 
+def _warm_up(run: RunSpec, models, captions: list[str], size: int, sampler: SamplerConfig) -> float:
+    """Seconds of one untimed decode of the first batch of `size`, in which a compiled run's graphs for
+    that batch size compile."""
+    start = time.perf_counter()
+    _decode_batch(run, models, _batch(captions, 0, size), sampler, 0)
+    return time.perf_counter() - start
+
+
 def _decode_batch(run: RunSpec, models, captions: list[str], sampler: SamplerConfig, first_seed: int):
     seeds = list(range(first_seed, first_seed + len(captions)))
-    return decode(run.method, models, captions, dict(run.knobs), sampler, seeds)
+    return decode(run.method, models, captions, dict(run.knobs), sampler, seeds, compile=run.compile)
 
 
 def _batch(captions: list[str], first: int, size: int) -> list[str]:
@@ -126,6 +139,7 @@ def _row(run: RunSpec, size: int, measured: Measured, ar: Measured) -> dict:
         ),
         "padding_per_image": round(measured.padding / measured.images, 1),
         "peak_memory_mb": round(measured.peak_bytes / 2**20, 1),
+        "compile_s": "" if measured.compile_s is None else round(measured.compile_s, 1),
     }  # fmt: skip
 
 

@@ -20,7 +20,8 @@ A knob that the chosen mode ignores (`IGNORED`, e.g. `l` with rejection='raster'
 given, so no setting is dropped silently. `lantern` drafts with drafter_small (a smaller same-resolution
 model; a set without one is an error naming the role); `eagle2` drafts with the set's eagle_head. Every
 call draws its randomness from its own torch.Generator seeded with `seed`, so a (method, knobs, prompts,
-seed) decode repeats exactly.
+seed) decode repeats exactly. `compile=True` runs the AR models' decoding steps through torch.compile'd
+graphs (mulo_sd/nets/compiled.py: the same tokens; the first decodes of each shape pay the compilation).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from mulo_sd.decoding.methods import (
 from mulo_sd.decoding.methods.mulo import REJECTIONS, uses_downsampler
 from mulo_sd.decoding.neighbours import codebook_neighbours
 from mulo_sd.decoding.sampling import SamplerConfig
+from mulo_sd.nets.compiled import compiled
 from mulo_sd.nets.dtypes import resolve_dtype
 from mulo_sd.nets.pixel_samplers import MODES, PixelDownsampler, PixelUpsampler
 from mulo_sd.pipeline.model_set import Models
@@ -238,12 +240,15 @@ def decode(
     sampler: SamplerConfig,
     seed: int | list[int],
     condition: tuple[torch.Tensor, torch.Tensor | None] | None = None,
+    compile: bool = False,
 ) -> DecodeResult:
     """Decode one image per prompt with `method` (module docstring); the batch is decoded together.
     `condition`: (cond, cond_mask) to decode under instead of `Models.condition(prompts)` (Tar's TA-Tok
-    features, which its first stage writes: mulo_sd/pipeline/tar_decode.py)."""
+    features, which its first stage writes: mulo_sd/pipeline/tar_decode.py). `compile`: the target and
+    drafter decode through compiled graphs (`compiled_model`); the method itself is unchanged."""
     knobs = resolve_knobs(method, knobs)
-    target, tokenizer = models.require("target"), models.require("vq")
+    tokenizer = models.require("vq")
+    target = compiled_model(models.require("target"), compile)
     cond, cond_mask = models.condition(prompts) if condition is None else condition
     generator = (  # a list of seeds: one generator per image, decoded together (docs/batching.md)
         torch.Generator(device=target.device).manual_seed(seed)
@@ -256,17 +261,24 @@ def decode(
     if method == "zipar":
         return decode_zipar(target, window=knobs["window"], **common)
     if method == "lantern":
-        drafter = models.require("drafter_small", LANTERN_DRAFTER)
+        drafter = compiled_model(models.require("drafter_small", LANTERN_DRAFTER), compile)
         neighbours = neighbour_table(tokenizer, knobs["k"])
         return decode_lantern(target, drafter, neighbours=neighbours, **knobs, **common)
     if method == "eagle2":
         return decode_eagle2(target, models.require("eagle_head", EAGLE_HEAD), **knobs, **common)
     r, up, down, mode = (knobs.pop(name) for name in ("r", "upsampler", "downsampler", "pixel_mode"))
     drafter = models.require(f"drafter_r{r}", f"MuLo-SD's drafter at the target's resolution / {r}")
+    drafter = compiled_model(drafter, compile)
     upsampler = models.require(f"upsampler_r{r}") if up == "latent" else pixel_upsampler(models, r, mode)
     downsampler = _downsampler(models, r, down, knobs)
     neighbours = neighbour_table(tokenizer, knobs["k"])
     return decode_mulo(target, drafter, upsampler, downsampler, neighbours=neighbours, **knobs, **common)
+
+
+def compiled_model(model, compile: bool):
+    """`model` itself, or with `compile` its compiled wrapper. A fresh wrapper per decode costs nothing:
+    torch.compile keeps the graphs of a function per model and shape, so the next decode reuses them."""
+    return compiled(model, model.device.type) if compile else model
 
 
 _sr_upsamplers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

@@ -130,13 +130,16 @@ class MuLoPipeline:
         sampler: SamplerConfig | Mapping | None = None,
         condition: torch.Tensor | Condition | None = None,
         compare_ar: bool = False,
+        compile: bool = False,
         **knobs,
     ) -> PipelineOutput:
         """Decode each prompt with `method` and its `knobs` (decode_entry.method_knobs lists them; unknown
         ones are an error listing them); `seed`: one for all or one per prompt. `sampler`: a SamplerConfig,
         or fields over the set's. `condition`: instead of prompts, what the target is conditioned on, rows
         of a tensor or a (cond, cond_mask) pair (e.g. TA-Tok features [B, N, D] for Tar's AR-DTok stage).
-        `compare_ar`: also decode with plain AR and report the method's speedup in `rows`."""
+        `compare_ar`: also decode with plain AR and report the method's speedup in `rows`. `compile`: decode
+        (AR under compare_ar too) through compiled model steps (mulo_sd/nets/compiled.py; the first decodes
+        pay the compilation)."""
         names = self.roles(method, knobs, condition is not None)
         if self.condition_kind == "tatok" and condition is None and self.mllm_sampler is None:
             name = self.model_set.name
@@ -149,7 +152,7 @@ class MuLoPipeline:
         models = self._load(names, condition is None)
         knobs = self.method_knobs(method, knobs)
         decoded = [
-            self._decode(models, method, knobs, sampler, prompt, row, image_seed, compare_ar)
+            self._decode(models, method, knobs, sampler, prompt, row, image_seed, compare_ar, compile)
             for (prompt, row), image_seed in zip(inputs, seeds, strict=True)
         ]
         return PipelineOutput(
@@ -173,13 +176,16 @@ class MuLoPipeline:
         return self.models
 
     def _decode(
-        self, models, method, knobs, sampler, prompt: str, condition: Condition | None, seed: int, compare_ar
-    ) -> tuple[DecodeResult, dict]:
+        self, models, method, knobs, sampler, prompt: str, condition: Condition | None, seed: int, compare_ar,
+        compile: bool,
+    ) -> tuple[DecodeResult, dict]:  # fmt: skip
         """One image and its statistics row."""
         if condition is None and self.condition_kind == "tatok":
-            tar = decode_tar(method, models, [prompt], knobs, sampler, self.mllm_sampler, seed, compare_ar)
+            tar = decode_tar(
+                method, models, [prompt], knobs, sampler, self.mllm_sampler, seed, compare_ar, compile
+            )
             return tar.result, tar.as_dict()
-        given = {}
+        given = {"compile": compile}
         if condition is not None:  # on the target's device, as Models.condition gives it
             device = models.require("target").device
             given["condition"] = tuple(part if part is None else part.to(device) for part in condition)

@@ -67,9 +67,11 @@ def decode_tar(
     mllm_sampler: SamplerConfig,
     seed: int,
     compare_ar: bool = False,
+    compile: bool = False,
 ) -> TarResult:
-    """Stage 1 with `mllm_sampler`, then `method` with `knobs` and `sampler` on the AR-DTok stage; each stage
-    draws from its own generator seeded with `seed`, so a decode repeats exactly."""
+    """Stage 1 with `mllm_sampler`, then `method` with `knobs` and `sampler` on the AR-DTok stage (`compile`:
+    through compiled steps, decode_entry.decode); each stage draws from its own generator seeded with `seed`,
+    so a decode repeats exactly."""
     mllm = models.require(MLLM, "Tar's MLLM writes the TA-Tok tokens of the prompt")
     target = models.require("target")
     if not prompts or not all(isinstance(p, str) and p.strip() for p in prompts):
@@ -87,8 +89,8 @@ def decode_tar(
             f"169, 81 tokens)"
         )
     condition = (features.to(target.device), None)
-    result = decode(method, models, prompts, knobs, sampler, seed, condition=condition)
+    result = decode(method, models, prompts, knobs, sampler, seed, condition=condition, compile=compile)
     reference = None
     if compare_ar:
-        reference = decode("ar", models, prompts, {}, sampler, seed, condition=condition)
+        reference = decode("ar", models, prompts, {}, sampler, seed, condition=condition, compile=compile)
     return TarResult(ids, features, result, stats, reference)

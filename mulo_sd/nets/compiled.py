@@ -1,0 +1,129 @@
+"""Decoding steps of a `GPT` run through `torch.compile`d graphs (the `compile` option of `decode`).
+
+LlamaGen's sampler compiles its one-token decode step over a static KV cache with `mode="reduce-overhead",
+fullgraph=True`; this does the same over the slot cache (slot_cache.py), whose K/V tensors already have a
+static shape. `compiled(model, device_type)` wraps a GPT: every attribute passes through, and
+- `step` / `step_rows` validate and mark the written slots eagerly (as GPT's own do), then run
+  `cache_forward` (embeddings -> blocks writing K/V into the state's tensors in place -> norm -> logits)
+  compiled with fullgraph=True (no graph breaks) and dynamic=False. To keep the shapes to a few, the fed
+  entries n are padded up to the next power of two (`bucket`) with entries at the padding slot of
+  `step_rows` (the state's first tree slot: nothing a real query sees), so each (kind of step, bucket,
+  batch, model shape) compiles once and the real entries' logits are those of the eager step;
+- `start` runs eagerly (once per decode) and gives the state that padding slot (`add_tree_slots(1)`);
+- `step_tree` (EAGLE-2's verification) stays eager: its node count and tree slots vary per call, and its
+  scratch slots are the tree slots themselves, so padding entries would need slots of their own.
+
+On CUDA the graphs are CUDA graphs (mode="reduce-overhead"): the state's cache tensors are marked as static
+inputs so the in-place K/V writes do not make inductor skip them (a new state, e.g. a fork or the next decode,
+re-records instead of recompiling: guard=False), and the logits are cloned out of the graph's output buffer,
+which the next replay overwrites. Inductor compiles for the CPU otherwise. The wrapper holds no per-decode
+state: everything that changes lives in the DecodeState, as with the eager model.
+
+Tokens equal the eager decode's up to float rounding: the compiled kernels and the padded matrix shapes may
+round differently in the last bits (tests/decoding/test_compiled.py checks that the sampled tokens agree).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from mulo_sd.nets.gpt import GPT
+from mulo_sd.nets.slot_cache import DecodeState, check_row_step, check_step
+
+# graphs per compiled function: (step, step_rows) x buckets x batch sizes x model shapes, target and drafter
+# together (dynamo counts them per function, and the default of 8 would quietly fall back to eager)
+RECOMPILE_LIMIT = 256
+
+
+class KVCache(NamedTuple):
+    """The part of a DecodeState that `GPT._hidden` reads: per-layer K and V tensors."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+
+
+def cache_forward(model: GPT, tokens, slots, mask, keys, values) -> torch.Tensor:
+    """Internal-row tokens [B', m] at `slots` ([m], or [B', m] per row) under `mask` -> logits [B', m, V];
+    the K/V of the tokens are written into `keys` / `values` at their slots, in place."""
+    hidden = model._hidden(model.tok_embeddings(tokens), slots, mask, KVCache(keys, values))
+    return model._logits(hidden)
+
+
+def bucket(n: int) -> int:
+    """The padded width of a step feeding n entries: the next power of two."""
+    return 1 << (n - 1).bit_length()
+
+
+def compiled(model: GPT, device_type: str) -> CompiledGPT:
+    """`model` with its decoding steps compiled for `device_type` ('cpu' or 'cuda'; module docstring)."""
+    if not isinstance(model, GPT):
+        raise ValueError(f"compile supports GPT models only, got {type(model).__name__}")
+    if model.training:
+        raise ValueError("compile decodes with a model in eval mode (dropout off); call model.eval() first")
+    limit = torch._dynamo.config.recompile_limit
+    torch._dynamo.config.recompile_limit = max(limit, RECOMPILE_LIMIT)
+    return CompiledGPT(model, device_type)
+
+
+class CompiledGPT:
+    """A GPT whose `step` and `step_rows` run compiled graphs; every other attribute is the GPT's."""
+
+    def __init__(self, model: GPT, device_type: str):
+        self._wrapped = model
+        self._cuda = device_type == "cuda"
+        mode = "reduce-overhead" if self._cuda else None
+        self._forward = torch.compile(cache_forward, fullgraph=True, dynamic=False, mode=mode)
+
+    def __getattr__(self, name: str):
+        return getattr(self._wrapped, name)
+
+    @torch.inference_mode()
+    def start(
+        self, cond: torch.Tensor, cfg_scale: float = 1.0, cond_mask: torch.Tensor | None = None
+    ) -> DecodeState:
+        """GPT.start, plus the padding slot that the compiled steps pad with."""
+        state = self._wrapped.start(cond, cfg_scale, cond_mask=cond_mask)
+        state.add_tree_slots(1)
+        return state
+
+    @torch.inference_mode()
+    def step(self, state: DecodeState, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """GPT.step: tokens [B, n] at grid positions [n] -> guided logits [B, n, V]."""
+        c = self._wrapped._config_of(state)
+        slots = check_step(state, tokens, positions, c.num_tokens, c.vocab_size)
+        state.mark_written(slots)
+        return self._run(state, tokens, slots)
+
+    @torch.inference_mode()
+    def step_rows(self, state: DecodeState, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """GPT.step_rows: tokens, positions [B, n] (PADDING where a row feeds nothing) -> logits [B, n, V]."""
+        c = self._wrapped._config_of(state)
+        slots = check_row_step(state, tokens, positions, c.num_tokens, c.vocab_size)
+        if state.guided:
+            slots = torch.cat([slots, slots])
+        state.written.scatter_(1, slots, True)
+        state.written[:, state.num_slots :] = False  # the padding slot is never shown to a query
+        return self._run(state, tokens, slots)
+
+    def _run(self, state: DecodeState, tokens: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """Pad the n entries to `bucket(n)` at the padding slot, run the graph, keep the real entries."""
+        n = tokens.shape[1]
+        width = bucket(n)
+        if width > n and state.tree_slots < 1:
+            raise ValueError("a compiled step pads into a tree slot: start the state with the compiled model")
+        tokens = F.pad(tokens.to(device=slots.device, dtype=torch.long), (0, width - n))
+        slots = F.pad(slots, (0, width - n), value=state.num_slots)
+        if state.guided:
+            tokens = torch.cat([tokens, tokens])
+        mask = state.attention_mask(slots)
+        if self._cuda:
+            for cache in (*state.keys, *state.values):
+                torch._dynamo.mark_static_address(cache, guard=False)
+            torch.compiler.cudagraph_mark_step_begin()
+            logits = self._forward(self._wrapped, tokens, slots, mask, state.keys, state.values).clone()
+        else:
+            logits = self._forward(self._wrapped, tokens, slots, mask, state.keys, state.values)
+        return state.guide(logits[:, :n])
