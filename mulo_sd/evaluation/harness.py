@@ -8,7 +8,8 @@ Protocol:
 - interleaving: for each prompt and seed, every run decodes once before the next prompt starts, in an order
   rotated by one per prompt, so machine noise (other jobs, clock changes) hits all runs alike;
 - speed: `wall_s` is the decode's token-generation time (DecodeStats.wall_seconds; the image decode is left
-  out, it is the same for every method). Per (prompt, seed), speedup = AR wall / run wall, step_ratio = AR
+  out, it is the same for every method). Per (prompt, seed), speedup = AR wall / run wall (and with a
+  compiled AR run, speedup_compiled_ar = its wall / run wall), step_ratio = AR
   sequential steps / run sequential steps, nfe_ratio = AR target forwards / run target forwards. A run's
   summary gives the median of its per-prompt ratios and, for speed, also the ratio of the medians
   (mulo_sd/evaluation/summaries.py);
@@ -55,7 +56,7 @@ from mulo_sd.decoding.sampling import SamplerConfig
 from mulo_sd.evaluation.fd_minimum import MIN_FD_IMAGES, mark_fd_minimum
 from mulo_sd.evaluation.paired import BOOTSTRAP, Bootstrap
 from mulo_sd.evaluation.quality import OTHER_SEEDS, reference_quality, sceneeval_rows, token_nll
-from mulo_sd.evaluation.runs import RunSpec, reference_run
+from mulo_sd.evaluation.runs import RunSpec, compiled_reference_run, reference_run
 from mulo_sd.evaluation.summaries import add_fd_ratios, add_ratios, reported_splits, summarize
 from mulo_sd.evaluation.texture import add_texture_columns, real_textures, texture, with_texture
 from mulo_sd.evaluation.writers import write_outputs
@@ -132,7 +133,8 @@ def _summarize_splits(
     ratios and paired differences to the reference's decodes."""
     order = {run.label: n for n, run in enumerate(runs)}
     rows.sort(key=lambda row: order[row["label"]])  # stable: prompts and seeds stay in decoding order
-    add_ratios(rows, reference.label)
+    compiled = compiled_reference_run(runs)
+    add_ratios(rows, reference.label, compiled.label if compiled else None)
     return [
         entry for split in splits
         for entry in summarize([row for row in rows if row["split"] == split], reference.label, bootstrap)

@@ -85,3 +85,14 @@ def reference_run(runs: list[RunSpec]) -> RunSpec:
     if duplicates:
         raise ValueError(f"run labels must be unique, got {duplicates} more than once")
     return references[0]
+
+
+def compiled_reference_run(runs: list[RunSpec]) -> RunSpec | None:
+    """The compiled plain-AR run, a second speed reference (speedup_compiled_ar), or None without one."""
+    compiled = [run for run in runs if run.method == REFERENCE_METHOD and run.compile]
+    if len(compiled) > 1:
+        raise ValueError(
+            f"the run set has at most one compiled '{REFERENCE_METHOD}' run (the compiled speed reference), "
+            f"got {[run.label for run in compiled]}"
+        )
+    return compiled[0] if compiled else None

@@ -25,13 +25,14 @@ def reported_splits(splits: list[str]) -> list[str]:
     return [split for split in splits if split != "dev"] or splits
 
 
-def add_ratios(rows: list[dict], reference: str) -> None:
+def add_ratios(rows: list[dict], reference: str, compiled_reference: str | None = None) -> None:
     """Add speedup, step_ratio and nfe_ratio to every row: the reference run's (label `reference`) wall time,
     sequential steps and target forwards for the same prompt and seed over the row's own; and for each score
-    of PAIRED the rows carry, d_<score> = the row's score - the reference decode's."""
-    base = {
-        (row.get("split"), row["prompt_index"], row["seed"]): row for row in rows if row["label"] == reference
-    }
+    of PAIRED the rows carry, d_<score> = the row's score - the reference decode's. With a compiled AR run
+    (label `compiled_reference`), also speedup_compiled_ar: its wall time for the same decode over the
+    row's."""
+    base = _by_decode(rows, reference)
+    compiled = _by_decode(rows, compiled_reference) if compiled_reference else {}
     for row in rows:
         key = (row.get("split"), row["prompt_index"], row["seed"])
         if key not in base:
@@ -41,11 +42,19 @@ def add_ratios(rows: list[dict], reference: str) -> None:
             )
         ref = base[key]
         row["speedup"] = ref["wall_s"] / row["wall_s"]
+        if compiled:
+            row["speedup_compiled_ar"] = compiled[key]["wall_s"] / row["wall_s"]
         row["step_ratio"] = ref["sequential_steps"] / row["sequential_steps"]
         row["nfe_ratio"] = ref["target_forwards"] / row["target_forwards"]
         for score in PAIRED:
             if score in row and score in ref:
                 row[f"d_{score}"] = row[score] - ref[score]
+
+
+def _by_decode(rows: list[dict], label: str) -> dict:
+    return {
+        (row.get("split"), row["prompt_index"], row["seed"]): row for row in rows if row["label"] == label
+    }
 
 
 def add_fd_ratios(
@@ -101,7 +110,7 @@ def _speed_summary(runs: list[dict], reference_wall: float, bootstrap: Bootstrap
     wall_median = statistics.median(row["wall_s"] for row in runs)
     drafted = sum(row["tokens_drafted"] for row in runs)
     low, high = interval(per_seed_samples(runs, "speedup"), np.median, bootstrap)
-    return {
+    entry = {
         "split": first.get("split", "all"), "family": first["family"], "label": first["label"],
         "method": first["method"], "knobs": first["knobs"], "images": len(runs),
         "wall_s_median": wall_median,
@@ -114,6 +123,11 @@ def _speed_summary(runs: list[dict], reference_wall: float, bootstrap: Bootstrap
         "nfe_ratio_median": statistics.median(row["nfe_ratio"] for row in runs),
         "acceptance": sum(row["tokens_accepted"] for row in runs) / drafted if drafted else None,
     }  # fmt: skip
+    if "speedup_compiled_ar" in first:
+        low, high = interval(per_seed_samples(runs, "speedup_compiled_ar"), np.median, bootstrap)
+        entry["speedup_compiled_ar_median"] = statistics.median(row["speedup_compiled_ar"] for row in runs)
+        entry["speedup_compiled_ar_lo"], entry["speedup_compiled_ar_hi"] = low, high
+    return entry
 
 
 def _paired_summary(runs: list[dict], score: str, bootstrap: Bootstrap) -> dict:

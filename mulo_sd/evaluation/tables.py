@@ -11,12 +11,14 @@ from mulo_sd.evaluation.fd_minimum import without_unsupported_fd
 
 # summary / matched column -> the prefix of its interval bounds (<prefix>_lo, <prefix>_hi)
 BOUNDS = {
-    "speedup_median": "speedup", "speedup": "speedup", "d_sceneeval": "d_sceneeval", "d_nll": "d_nll",
+    "speedup_median": "speedup", "speedup": "speedup",
+    "speedup_compiled_ar_median": "speedup_compiled_ar", "d_sceneeval": "d_sceneeval", "d_nll": "d_nll",
     "d_sceneeval_dev": "d_sceneeval_dev", "fd_ratio": "fd_ratio", "d_texture": "d_texture",
 }  # fmt: skip
 PAIRED_COLUMNS = (
-    "label", "images", "speedup_median", "step_ratio_median", "acceptance", "sceneeval", "d_sceneeval",
-    "nll_mean", "d_nll", "fd", "fd_ratio", "fd_ar", "texture", "texture_ratio", "d_texture", "texture_gap",
+    "label", "images", "speedup_median", "speedup_compiled_ar_median", "step_ratio_median", "acceptance",
+    "sceneeval", "d_sceneeval", "nll_mean", "d_nll", "fd", "fd_ratio", "fd_ar", "texture", "texture_ratio",
+    "d_texture", "texture_gap",
 )  # fmt: skip
 ABLATION_COLUMNS = (
     "label", "speedup_median", "sequential_steps_median", "acceptance", "sceneeval", "d_sceneeval", "fd",

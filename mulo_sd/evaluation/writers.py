@@ -24,7 +24,8 @@ from mulo_sd.testbed.scene_checks import BACKGROUND, CHECK_KINDS
 
 SCENEEVAL_KINDS = tuple(f"sceneeval_{kind}" for kind in (*CHECK_KINDS, BACKGROUND))
 SUMMARY_COLUMNS = (
-    "label", "images", "wall_s_median", "speedup_median", "speedup_of_medians", "sequential_steps_median",
+    "label", "images", "wall_s_median", "speedup_median", "speedup_compiled_ar_median", "speedup_of_medians",
+    "sequential_steps_median",
     "step_ratio_median", "target_forwards_mean", "nfe_ratio_median", "acceptance", "nll_mean", "sceneeval",
     "sceneeval_sem", *SCENEEVAL_KINDS, "fd", "fd_ratio", "fd_ar", "texture",
     "texture_ratio", "d_texture", "texture_gap", "d_sceneeval_background",

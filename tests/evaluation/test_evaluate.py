@@ -12,7 +12,7 @@ from mulo_sd.decoding.accept import ACCEPT_RULES
 from mulo_sd.decoding.sampling import SamplerConfig
 from mulo_sd.evaluation.harness import evaluate
 from mulo_sd.evaluation.matched_quality import matched_quality_table
-from mulo_sd.evaluation.runs import RunSpec, expand_runs, reference_run
+from mulo_sd.evaluation.runs import RunSpec, compiled_reference_run, expand_runs, reference_run
 from mulo_sd.evaluation.summaries import add_ratios, summarize
 from mulo_sd.pipeline.testbed_models import load_models
 from mulo_sd.testbed.prompts import EVAL_SEED, evaluation_prompts
@@ -140,6 +140,27 @@ def test_speedup_median_of_ratios_and_ratio_of_medians():
         add_ratios(rows[:2] + rows[3:], "AR")
 
 
+def test_speedup_against_a_compiled_ar_pairs_each_decode_with_the_compiled_ar_one():
+    rows = hand_rows("AR", [2.0, 4.0, 6.0], [64] * 3, "ar") + hand_rows(
+        "AR (compiled)", [1.0, 2.0, 4.0], [64] * 3, "ar"
+    )
+    rows += hand_rows("X", [0.5, 1.0, 1.0], [16, 32, 64])
+    add_ratios(rows, "AR", "AR (compiled)")
+    assert [row["speedup_compiled_ar"] for row in rows[6:]] == [2.0, 2.0, 4.0]
+    ar, compiled, x = summarize(rows, "AR")
+    assert ar["speedup_compiled_ar_median"] == 0.5 and compiled["speedup_median"] == 2.0
+    assert x["speedup_median"] == 4.0 and x["speedup_compiled_ar_median"] == 2.0
+    eager_only = hand_rows("AR", [1.0], [64], "ar")
+    add_ratios(eager_only, "AR")
+    assert "speedup_compiled_ar" not in eager_only[0]
+    assert "speedup_compiled_ar_median" not in summarize(eager_only, "AR")[0]
+    runs = expand_runs([{"method": "ar"}, {"method": "ar", "label": "AR (compiled)", "compile": True}])
+    assert reference_run(runs).compile is False and compiled_reference_run(runs).label == "AR (compiled)"
+    assert compiled_reference_run(runs[:1]) is None
+    with pytest.raises(ValueError, match=r"at most one compiled 'ar' run .* got \['AR \(compiled\)', 'c2'\]"):
+        compiled_reference_run([*runs, RunSpec("ar", label="c2", compile=True)])
+
+
 def test_matched_quality_table_picks_the_fastest_run_within_tolerance_on_either_side():
     def entry(family, setting, speedup, score):
         label = f"{family} {setting}".strip()
@@ -219,11 +240,14 @@ def test_every_mulo_run_of_a_preset_names_its_accept_rule(preset):
     assert {label: rule for label, rule in rules.items() if rule not in ACCEPT_RULES} == {}
 
 
-@pytest.mark.parametrize("preset", ["smoke", "speed_zipar", "paper_table"])
+@pytest.mark.parametrize("preset", ["smoke", "speed_zipar", "paper_table", "compiled"])
 def test_every_eval_preset_expands_to_valid_runs(testbed, tmp_path, preset):
     cfg = compose("evaluate", tmp_path, [f"eval={preset}", *at(testbed)])
     runs = expand_runs(OmegaConf.to_container(cfg.runs, resolve=True))  # raises on an unknown knob
     assert reference_run(runs).method == "ar"  # and on a missing AR run or a repeated label
+    if preset == "compiled":  # every run eager and compiled, the compiled AR a second speed reference
+        assert compiled_reference_run(runs).label == "AR (compiled)"
+        assert sorted(run.compile for run in runs) == [False] * 4 + [True] * 4
     if preset == "paper_table":
         families = {run.family for run in runs}
         assert {"AR", "ZipAR", "LANTERN", "MuLo-SD (2x)", "MuLo-SD (4x)"} <= families
