@@ -119,7 +119,8 @@ def _decode_batch(
     """Decode one batch, write its PNGs, then append their records to the rank's statistics file (an image
     counts as done once both exist)."""
     # one generator per image, each seeded with the seed: every image is its batch-1 decode (docs/batching.md)
-    result = decode(run.method, models, [p.text for p in batch], run.knobs, sampler, [seed] * len(batch))
+    captions, seeds = [p.text for p in batch], [seed] * len(batch)
+    result = decode(run.method, models, captions, run.knobs, sampler, seeds, compile=run.compile)
     stats = result.stats.as_dict()
     records = []
     for prompt, image in zip(batch, result.image, strict=True):

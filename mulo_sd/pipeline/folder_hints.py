@@ -3,6 +3,7 @@ name a missing or mismatched folder (mulo_sd/pipeline/model_set.py, mulo_sd/pipe
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 from mulo_sd.llamagen.t5 import T5_FILES_HINT
@@ -25,13 +26,24 @@ def train_command(name: str, folder: str | Path = TESTBED_DIR) -> str:
 
 
 def export_command(name: str, path: str | Path) -> str:
-    """The command that trains testbed model `name` and exports it into the folder `path`."""
+    """The command that trains testbed model `name` and exports it into the folder `path`: the experiment
+    named after the folder where there is one (e.g. upsampler_r4_256 for the 32x32 set), else `name`'s."""
     path = Path(path).resolve()
+    experiment = path.name if _is_testbed_experiment(path.name) else name
     try:
         path = path.relative_to(Path.cwd())
     except ValueError:
         pass  # outside the working directory: keep it absolute
-    return f"mulo-train experiment=testbed/{name} export={path}"
+    return f"mulo-train experiment=testbed/{experiment} export={path}"
+
+
+def _is_testbed_experiment(name: str) -> bool:
+    """Whether the installed configs hold conf/experiment/testbed/<name>.yaml (read, never imported)."""
+    spec = importlib.util.find_spec("mulo_sd.conf")
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    folder = Path(list(spec.submodule_search_locations)[0])
+    return (folder / "experiment" / "testbed" / f"{name}.yaml").is_file()
 
 
 def tar_hint(role: str, path: Path) -> str:

@@ -117,3 +117,20 @@ def test_ranks_share_the_prompts_without_overlap_and_batches_decode_together(
     assert records[2, 0]["batch_size"] == 3 and records[2, 0]["image_wall_s"] == records[2, 0]["wall_s"] / 3
     with pytest.raises(RuntimeError, match=r"run 'AR' lacks 1 image\(s\) .*rerun the same command"):
         gather_records(tmp_path, RUNS[:1], prompts + [prompts[0].__class__(7, "a red star")], [0])
+
+
+def test_a_compiled_run_decodes_through_compiled_steps(models, prompt_files, tmp_path, monkeypatch):
+    """A run's `compile` reaches decode in real-prompt generation too; its images are the eager run's."""
+    given = []
+
+    def recording(*args, **kwargs):
+        given.append(kwargs.get("compile"))
+        return decode(*args, **kwargs)
+
+    monkeypatch.setattr(generation, "decode", recording)
+    prompts = load_prompt_set(prompt_files["geneval"]["path"], "geneval", count=1).prompts
+    runs = [RunSpec("ar", family="AR"), RunSpec("ar", family="AR (compiled)", compile=True)]
+    generate(models, runs, prompts, [0], SamplerConfig(), tmp_path, progress=False)
+    assert given == [False, True]
+    eager, compiled = (Image.open(sample_path(tmp_path / run_folder_name(run.family), 0, 0)) for run in runs)
+    assert torch.equal(pil_to_tensor(eager), pil_to_tensor(compiled))
