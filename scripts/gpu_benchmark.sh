@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# The GPU benchmark of docs/cost_model.md and docs/results.md, one script for a lent CUDA machine (under 8 min on
-# one H200): the real-size cost model in bfloat16 (LlamaGen-XL 512 px at r=2, Tar AR-DTok 1024 px at r=4) and
+# The GPU benchmark of docs/cost_model.md and docs/results.md, one script for a lent CUDA machine (8 min at
+# most): the real-size cost model in bfloat16 (LlamaGen-XL 512 px at r=2, Tar AR-DTok 1024 px at r=4) and
 # the compiled headline (conf/eval/compiled.yaml: AR, ZipAR, MuLo-SD 2x / 4x, eager and CUDA-graph compiled).
 # Writes device.txt, cost_<set>.{csv,md}, cost_<set>_timings.csv, schedules_<base>.json and eval_compiled/
 # under $OUT (default runs/gpu_benchmark). A machine without PyPI takes the wheels of scripts/gpu_wheels.sh from
 # .whl/ (carried with the working tree); the package itself installs from this checkout, without its deps.
 #   bash scripts/gpu_benchmark.sh
-# A check of the script itself on a CPU, in about 6 minutes: DEVICE=cpu SIZE=tiny PROMPTS=2 bash scripts/gpu_benchmark.sh
+# Each step is cut off at its time limit (TIMEOUT_COST, TIMEOUT_EVAL seconds), so the whole stays under 8 min.
+# A check of the script itself on a CPU (about 8 minutes on 2 cores):
+#   DEVICE=cpu SIZE=tiny PROMPTS=2 EVAL_PROMPTS=2 TIMEOUT_EVAL=900 bash scripts/gpu_benchmark.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/gpu_benchmark}
@@ -14,6 +16,8 @@ DEVICE=${DEVICE:-cuda}
 SIZE=${SIZE:-real}
 PROMPTS=${PROMPTS:-16}       # cost model: testbed test prompts whose schedules are replayed
 EVAL_PROMPTS=${EVAL_PROMPTS:-24}
+TIMEOUT_COST=${TIMEOUT_COST:-120}  # per set
+TIMEOUT_EVAL=${TIMEOUT_EVAL:-220}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 WANDB_MODE=offline MULO_SD_CACHE=${MULO_SD_CACHE:-$OUT/cache}
 if ! python3 -c "import mulo_sd.training.evaluate" 2>/dev/null; then
@@ -30,11 +34,11 @@ fi
   if command -v nvidia-smi >/dev/null; then nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; fi
 } | tee "$OUT/device.txt"
 cost() {  # set name, token-bucket base
-  timeout 210 python3 -m mulo_sd.evaluation.cost_model --size "$SIZE" --device "$DEVICE" --prompts "$PROMPTS" \
+  timeout "$TIMEOUT_COST" python3 -m mulo_sd.evaluation.cost_model --size "$SIZE" --device "$DEVICE" --prompts "$PROMPTS" \
     --sets "$1" --base "$2" --schedules "$OUT/schedules_$2.json" --out "$OUT/cost_$1" || echo "cost model $1: exit $?"
 }
 cost LlamaGen 2
 cost Tar 4
-timeout 240 python3 -m mulo_sd.training.evaluate eval=compiled device="$DEVICE" prompts.count="$EVAL_PROMPTS" \
+timeout "$TIMEOUT_EVAL" python3 -m mulo_sd.training.evaluate eval=compiled device="$DEVICE" prompts.count="$EVAL_PROMPTS" \
   hydra.run.dir="$OUT/eval_compiled" || echo "compiled headline: exit $?"
 ls -R "$OUT" | head -40
