@@ -78,41 +78,21 @@ def real_sets(size: str = "real") -> list[RealSet]:
     def gpt(preset, resolution, **fields):
         return preset(resolution, **{**fields, **shrink})
 
-    llamagen_target = gpt(GPTConfig.llamagen_t2i_xl, 512)
-    tar_target = gpt(GPTConfig.tar_ar_dtok, 1024)
+    def real_set(name, preset, side, r, up_width, cfg_scale):
+        target = gpt(preset, side)
+        samplers = {"codebook_size": codes, "code_dim": LLAMAGEN_CODE_DIM, "blocks": 6}
+        return RealSet(
+            name=name + (" (tiny)" if tiny else ""), target=target, drafter=gpt(preset, 256), r=r,
+            small_drafter=gpt(preset, side, **small), head=EagleHeadConfig.for_target(target),
+            upsampler=UpsamplerConfig(r=r, **{**samplers, "width": up_width, **sampler}),
+            downsampler=DownsamplerConfig(r=r, **{**samplers, "width": 256, **sampler}),
+            cfg_scale=cfg_scale,
+        )  # fmt: skip
+
+    # sampler widths: conf/experiment/{llamagen,tar}/{up,down}sampler_r*.yaml; guidance: conf/models/*.yaml
     return [
-        RealSet(
-            name="LlamaGen-XL 512" + (" (tiny)" if tiny else ""),
-            target=llamagen_target,
-            drafter=gpt(GPTConfig.llamagen_t2i_xl, 256),
-            r=2,
-            small_drafter=gpt(GPTConfig.llamagen_t2i_xl, 512, **small),
-            head=EagleHeadConfig.for_target(llamagen_target),
-            # conf/experiment/llamagen/upsampler_r2.yaml, downsampler_r2.yaml
-            upsampler=UpsamplerConfig(
-                r=2, codebook_size=codes, code_dim=LLAMAGEN_CODE_DIM, **{"width": 256, "blocks": 6, **sampler}
-            ),
-            downsampler=DownsamplerConfig(
-                r=2, codebook_size=codes, code_dim=LLAMAGEN_CODE_DIM, **{"width": 256, "blocks": 6, **sampler}
-            ),
-            cfg_scale=7.5,  # conf/models/llamagen_t2i_xl_512.yaml
-        ),  # fmt: skip
-        RealSet(
-            name="Tar AR-DTok 1024" + (" (tiny)" if tiny else ""),
-            target=tar_target,
-            drafter=gpt(GPTConfig.tar_ar_dtok, 256),
-            r=4,
-            small_drafter=gpt(GPTConfig.tar_ar_dtok, 1024, **small),
-            head=EagleHeadConfig.for_target(tar_target),
-            # conf/experiment/tar/upsampler_r4.yaml, downsampler_r4.yaml
-            upsampler=UpsamplerConfig(
-                r=4, codebook_size=codes, code_dim=LLAMAGEN_CODE_DIM, **{"width": 384, "blocks": 6, **sampler}
-            ),
-            downsampler=DownsamplerConfig(
-                r=4, codebook_size=codes, code_dim=LLAMAGEN_CODE_DIM, **{"width": 256, "blocks": 6, **sampler}
-            ),
-            cfg_scale=4.0,  # conf/models/tar_1024.yaml
-        ),  # fmt: skip
+        real_set("LlamaGen-XL 512", GPTConfig.llamagen_t2i_xl, 512, r=2, up_width=256, cfg_scale=7.5),
+        real_set("Tar AR-DTok 1024", GPTConfig.tar_ar_dtok, 1024, r=4, up_width=384, cfg_scale=4.0),
     ]
 
 
