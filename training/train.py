@@ -108,13 +108,13 @@ def train(cfg: DictConfig) -> dict[str, float]:
     with stop_on_signals(trainer):  # SIGTERM / SLURM's requeue signal: checkpoint, exit non-zero
         if cfg.get("validate_first"):
             ckpt_path = cfg.get("ckpt_path")
-            validated = trainer.validate(
-                model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=weights_only
-            )[0]
+            validated = _metrics_of(
+                trainer.validate(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=weights_only)
+            )
         trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"), weights_only=weights_only)
         final = next((c for c in trainer.callbacks if isinstance(c, FinalStep)), None)
         if final and final.trained(trainer) and final.validated_step != trainer.global_step:
-            validated = trainer.validate(model, datamodule=datamodule)[0]  # the exported weights' metrics
+            validated = _metrics_of(trainer.validate(model, datamodule=datamodule))  # the exported weights'
     # fit starts its metrics afresh: a validation-only run (no steps left) keeps the validation's
     metrics = {k: float(v) for k, v in {**validated, **trainer.callback_metrics}.items()}
     if cfg.get("export") and trainer.is_global_zero:
@@ -124,6 +124,11 @@ def train(cfg: DictConfig) -> dict[str, float]:
         if isinstance(logger, WandbLogger):
             logger.experiment.finish()
     return metrics
+
+
+def _metrics_of(results: list[dict]) -> dict:
+    """trainer.validate's metrics; none where validation is switched off (trainer.limit_val_batches=0)."""
+    return results[0] if results else {}
 
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="train")

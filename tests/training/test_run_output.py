@@ -35,3 +35,13 @@ def test_without_export_the_end_names_only_the_run_folder(tmp_path, vq_folder, c
                                         "trainer.val_check_interval=1", "model.samples=null"]))  # fmt: skip
     out = capsys.readouterr().out
     assert f"done; run folder: {tmp_path / 'run'}" in out and "exported model" not in out
+
+
+def test_a_run_with_validation_switched_off_trains_and_exports(tmp_path, vq_folder):  # noqa: F811
+    """trainer.limit_val_batches=0: the closing validation returns nothing (it raised IndexError here)."""
+    cfg = compose_train_config(tmp_path, [*tiny_run_overrides(vq_folder), "trainer.max_steps=2",
+                                          "+trainer.limit_val_batches=0", "model.samples=null",
+                                          f"export={tmp_path / 'gpt'}"])  # fmt: skip
+    metrics = run(cfg)
+    assert not any(name.startswith("val/") for name in metrics)
+    assert (tmp_path / "gpt" / "model.safetensors").is_file()
