@@ -302,12 +302,20 @@ def test_an_unknown_word_is_an_error_before_decoding(no_decoding, tmp_path):
 def test_unconditional_takes_an_empty_prompt_and_samples_the_null_caption(testbed, tmp_path, monkeypatch):
     with pytest.raises(ValueError, match=r"unconditional=true samples without a caption, but prompt="):
         run(compose("decode", tmp_path, ["unconditional=true", *at(testbed)]))
-    seen = {}
-    monkeypatch.setattr(mulo_pipeline, "decode", lambda *args: stop(seen.setdefault("args", args)))
-    with pytest.raises(Stop):
-        run(compose("decode", tmp_path, ["unconditional=true", "prompt=''", *at(testbed)]))
-    method, _, prompts, _, sampler, _ = seen["args"]
+    seen = []
+    monkeypatch.setattr(mulo_pipeline, "decode", lambda *args, **kwargs: stop(seen.append((args, kwargs))))
+    for compile in ("false", "true"):  # compile=true reaches decode (docs/usage.md)
+        with pytest.raises(Stop):
+            run(
+                compose(
+                    "decode",
+                    tmp_path,
+                    ["unconditional=true", "prompt=''", f"compile={compile}", *at(testbed)],
+                )
+            )
+    (method, _, prompts, _, sampler, _), _ = seen[0]
     assert method == "ar" and prompts == [""] and sampler.cfg_scale == 0.0
+    assert [kwargs for _, kwargs in seen] == [{"compile": False}, {"compile": True}]
     # guidance at scale 0 leaves the unconditional branch alone: the prefix the caption dropout trained
     target = load_models(testbed, names=["target"]).target
     cond = caption_condition(target, [""])
