@@ -3,7 +3,6 @@ name a missing or mismatched folder (mulo_sd/pipeline/model_set.py, mulo_sd/pipe
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 from mulo_sd.llamagen.t5 import T5_FILES_HINT
@@ -17,6 +16,7 @@ from mulo_sd.pipeline.roles import (
     TESTBED_DIR,
     TEXT_ENCODER,
 )
+from mulo_sd.pipeline.set_files import config_folder
 from mulo_sd.tar.files import TAR_FILES_HINT
 
 
@@ -38,12 +38,9 @@ def export_command(name: str, path: str | Path) -> str:
 
 
 def _is_testbed_experiment(name: str) -> bool:
-    """Whether the installed configs hold conf/experiment/testbed/<name>.yaml (read, never imported)."""
-    spec = importlib.util.find_spec("mulo_sd.conf")
-    if spec is None or not spec.submodule_search_locations:
-        return False
-    folder = Path(list(spec.submodule_search_locations)[0])
-    return (folder / "experiment" / "testbed" / f"{name}.yaml").is_file()
+    """Whether the installed configs hold conf/experiment/testbed/<name>.yaml."""
+    folder = config_folder()
+    return folder is not None and (folder / "experiment" / "testbed" / f"{name}.yaml").is_file()
 
 
 def tar_hint(role: str, path: Path) -> str:

@@ -24,13 +24,20 @@ SUFFIXES = (".yaml", ".yml")
 TESTBED_REFERENCE = re.compile(r"\$\{testbed:(\w*)\}")
 
 
-def packaged_sets() -> dict[str, Path]:
-    """Set name -> file of every set shipped in conf/models/ (none when the configs are not installed)."""
+def config_folder() -> Path | None:
+    """The folder of the installed `mulo_sd.conf` package (found, never imported), or None without it."""
     spec = importlib.util.find_spec("mulo_sd.conf")
     if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def packaged_sets() -> dict[str, Path]:
+    """Set name -> file of every set shipped in conf/models/ (none when the configs are not installed)."""
+    folder = config_folder()
+    if folder is None:
         return {}
-    folder = Path(list(spec.submodule_search_locations)[0]) / "models"
-    return {path.stem: path for path in sorted(folder.glob("*.yaml"))}
+    return {path.stem: path for path in sorted((folder / "models").glob("*.yaml"))}
 
 
 def set_config(name_or_path: str | Path) -> dict:
