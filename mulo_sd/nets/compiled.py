@@ -25,6 +25,7 @@ round differently in the last bits (tests/decoding/test_compiled.py checks that 
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -63,9 +64,17 @@ def compiled(model: GPT, device_type: str) -> CompiledGPT:
         raise ValueError(f"compile supports GPT models only, got {type(model).__name__}")
     if model.training:
         raise ValueError("compile decodes with a model in eval mode (dropout off); call model.eval() first")
+    return CompiledGPT(model, device_type)
+
+
+@functools.cache
+def compiled_forward(cuda: bool):
+    """`cache_forward` through torch.compile, made once per process and mode: every wrapper shares it (and
+    dynamo's graphs for it, keyed by model and shapes)."""
     limit = torch._dynamo.config.recompile_limit
     torch._dynamo.config.recompile_limit = max(limit, RECOMPILE_LIMIT)
-    return CompiledGPT(model, device_type)
+    mode = "reduce-overhead" if cuda else None
+    return torch.compile(cache_forward, fullgraph=True, dynamic=False, mode=mode)
 
 
 class CompiledGPT:
@@ -74,8 +83,7 @@ class CompiledGPT:
     def __init__(self, model: GPT, device_type: str):
         self._wrapped = model
         self._cuda = device_type == "cuda"
-        mode = "reduce-overhead" if self._cuda else None
-        self._forward = torch.compile(cache_forward, fullgraph=True, dynamic=False, mode=mode)
+        self._forward = compiled_forward(self._cuda)
 
     def __getattr__(self, name: str):
         return getattr(self._wrapped, name)

@@ -277,7 +277,7 @@ def decode(
 
 def compiled_model(model, compile: bool):
     """`model` itself, or with `compile` its compiled wrapper. A fresh wrapper per decode costs nothing:
-    torch.compile keeps the graphs of a function per model and shape, so the next decode reuses them."""
+    the wrappers share one compiled function (nets/compiled.compiled_forward) and its graphs."""
     return compiled(model, model.device.type) if compile else model
 
 
