@@ -14,17 +14,20 @@ import argparse
 import csv
 from pathlib import Path
 
-# summary.csv column -> (table header, its interval's prefix or None)
+from mulo_sd.evaluation.tables import markdown_table, with_intervals
+
+# summary.csv column -> its plot panel's title (the table shows the columns with their intervals)
 MEASURES = {
-    "speedup_median": ("speedup", "speedup"),
-    "step_ratio_median": ("step ratio", None),
-    "fd_ratio": ("FD / AR's", "fd_ratio"),
-    "d_sceneeval": ("d SceneEval", "d_sceneeval"),
+    "speedup_median": "speedup",
+    "step_ratio_median": "step ratio",
+    "fd_ratio": "FD / AR's",
+    "d_sceneeval": "d SceneEval",
 }
 
 
 def read_summary(folder: Path) -> dict[str, dict]:
-    """Family -> its summary.csv entry on the reported split (the first non-dev split, as summary.md)."""
+    """Family -> its summary.csv entry on the reported split (the first non-dev split, as summary.md), the
+    numbers as floats."""
     path = folder / "summary.csv"
     if not path.is_file():
         raise SystemExit(f"{path} not found: give the folder of a finished mulo-eval run")
@@ -32,16 +35,22 @@ def read_summary(folder: Path) -> dict[str, dict]:
     splits = [split for split in dict.fromkeys(row["split"] for row in rows) if split != "dev"]
     if not splits:
         raise SystemExit(f"{path} holds dev prompts only: the resolution table reports test prompts")
-    return {row["family"]: row for row in rows if row["split"] == splits[0]}
+    if not any(row["method"] == "ar" for row in rows):
+        raise SystemExit(f"{path} has no AR run: every speedup is over AR")
+    shown = [row for row in rows if row["split"] == splits[0]]
+    return {row["family"]: {key: _value(text) for key, text in row.items()} for row in shown}
 
 
-def cell(row: dict, column: str, prefix: str | None) -> str:
-    value = row.get(column)
-    if value in (None, ""):
-        return "-"
-    text = f"{float(value):.3g}"
-    low, high = (row.get(f"{prefix}_lo"), row.get(f"{prefix}_hi")) if prefix else (None, None)
-    return f"{text} [{float(low):.3g}, {float(high):.3g}]" if low not in (None, "") else text
+def _value(text: str):
+    """A summary.csv cell as the summary held it: bool, int, float, text, or None where empty."""
+    if text in ("True", "False"):
+        return text == "True"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text or None
 
 
 def main() -> None:
@@ -56,18 +65,11 @@ def main() -> None:
             parser.error(f"expected <grid>=<run folder>, got {item!r}")
         grids[grid] = read_summary(Path(folder))
     families = list(dict.fromkeys(family for summary in grids.values() for family in summary))
-    header = ["method", "grid", "AR wall s", *(name for name, _ in MEASURES.values())]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for family in families:
-        for grid, summary in grids.items():
-            if family not in summary:
-                continue
-            row = summary[family]
-            ar = next(entry for entry in summary.values() if entry["method"] == "ar")
-            cells = [family, grid, f"{float(ar['wall_s_median']):.3g}"]
-            cells += [cell(row, column, prefix) for column, (_, prefix) in MEASURES.items()]
-            lines.append("| " + " | ".join(cells) + " |")
-    print("\n".join(lines))
+    ar_wall = {grid: next(e for e in summary.values() if e["method"] == "ar")["wall_s_median"]
+               for grid, summary in grids.items()}  # fmt: skip
+    rows = [{**summary[family], "method": family, "grid": grid, "ar_wall_s": ar_wall[grid]}
+            for family in families for grid, summary in grids.items() if family in summary]  # fmt: skip
+    print(markdown_table(with_intervals(rows), ("method", "grid", "ar_wall_s", *MEASURES)))
     plot(grids, families, args.out)
     print(f"wrote {args.out}")
 
@@ -77,10 +79,10 @@ def plot(grids: dict[str, dict], families: list[str], out: Path) -> None:
 
     figure = Figure(figsize=(3.2 * len(MEASURES), 3.2))
     names = list(grids)
-    for axes, (column, (title, _)) in zip(figure.subplots(1, len(MEASURES)), MEASURES.items(), strict=True):
+    for axes, (column, title) in zip(figure.subplots(1, len(MEASURES)), MEASURES.items(), strict=True):
         for family in families:
-            points = [(n, float(grids[g][family][column])) for n, g in enumerate(names)
-                      if family in grids[g] and grids[g][family].get(column) not in (None, "")]  # fmt: skip
+            points = [(n, grids[g][family][column]) for n, g in enumerate(names)
+                      if family in grids[g] and grids[g][family].get(column) is not None]  # fmt: skip
             if points and family != "AR":
                 axes.plot(*zip(*points, strict=True), marker="o", label=family)
         axes.set_xticks(range(len(names)), names)
