@@ -38,11 +38,14 @@ class EagleLightning(L.LightningModule):
         optim: DictConfig,
         loss: DictConfig,
         uncond_prob: float = 0.2,
+        init_from: str | None = None,
     ):
         """target: the frozen target GPT folder. token_key: the batch's grid (tok16). head: EagleHeadConfig
         fields that differ from the target's (EagleHeadConfig.for_target). optim: lr, betas, weight_decay,
         warmup_steps, total_steps, min_lr_ratio, grad_clip. loss: feature_weight, ce_weight. uncond_prob:
-        share of rows with the caption dropped (the unconditional branch of guidance)."""
+        share of rows with the caption dropped (the unconditional branch of guidance). init_from: an EAGLE
+        head folder whose weights start the training, e.g. a smaller grid's head (rotary positions hold no
+        weights); a head of another width, vocabulary or layer shape is an error."""
         super().__init__()
         self.save_hyperparameters()
         head, optim, loss = (config_node(c) for c in (head, optim, loss))
@@ -51,12 +54,21 @@ class EagleLightning(L.LightningModule):
         self.target = frozen(GPT.from_pretrained(target))
         overrides = OmegaConf.to_container(head, resolve=True) if head is not None else {}
         self.head = EagleHead(EagleHeadConfig.for_target(self.target.config, **overrides))
+        if init_from is not None:
+            self.initialise_from(init_from)
         self.condition = CaptionCondition(self.target.config)
         self.token_key = token_key
         self.optim_cfg = optim
         self.loss_cfg = loss
         self.uncond_prob = uncond_prob
         self.val_sums = torch.zeros(4, dtype=torch.float64)  # feature loss, ce, top-1 hits, positions
+
+    def initialise_from(self, folder: str) -> None:
+        source = EagleHead.from_pretrained(folder)
+        try:
+            self.head.load_state_dict(source.state_dict())
+        except RuntimeError as error:  # shape mismatches, missing or unexpected weights
+            raise ValueError(f"init_from {folder} does not fit the configured EAGLE head: {error}") from None
 
     def configure_optimizers(self):
         return adamw_cosine(self.head.parameters(), self.optim_cfg)

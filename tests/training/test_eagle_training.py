@@ -1,11 +1,14 @@
 import math
 
+import pytest
 import torch
+from mulo_sd.training.eagle_module import EagleLightning
 from mulo_sd.training.train import run
+from omegaconf import OmegaConf
 
 from mulo_sd.decoding.methods import decode_ar, decode_eagle2
 from mulo_sd.decoding.sampling import SamplerConfig
-from mulo_sd.nets.eagle_head import EagleHead
+from mulo_sd.nets.eagle_head import EagleHead, EagleHeadConfig
 from mulo_sd.nets.gpt import GPT
 from mulo_sd.nets.gpt_config import GPTConfig
 from mulo_sd.testbed.captions import MAX_CAPTION_WORDS, VOCAB
@@ -57,3 +60,26 @@ def test_eagle_head_experiment_trains_exports_and_decodes_exactly(tmp_path):
         target, head, words, greedy, torch.Generator().manual_seed(0), depth=3, top_k=2, total_tokens=6
     )
     assert torch.equal(result.tokens, expected)
+
+
+def test_eagle_init_from_carries_a_head_to_a_larger_grid_and_refuses_another_width(tmp_path):
+    small = GPT.from_pretrained(tiny_target(tmp_path / "target16"))
+    torch.manual_seed(1)
+    head = EagleHead(EagleHeadConfig.for_target(small.config))
+    head_folder = str(head.save_pretrained(tmp_path / "head16"))
+    large = GPT(GPTConfig(**{**small.config.__dict__, "grid_size": (32, 32)}))
+    large_folder = str(large.save_pretrained(tmp_path / "target32"))
+    optim = OmegaConf.create({"lr": 1e-3, "betas": [0.9, 0.95], "weight_decay": 0.0, "warmup_steps": 1,
+                              "total_steps": 2, "min_lr_ratio": 0.1, "grad_clip": 0.5})  # fmt: skip
+    loss = OmegaConf.create({"feature_weight": 1.0, "ce_weight": 0.1})
+
+    module = EagleLightning(large_folder, "tok32", OmegaConf.create({}), optim, loss, init_from=head_folder)
+    assert module.head.config.grid_size == (32, 32)
+    for name, weight in head.state_dict().items():
+        assert torch.equal(module.head.state_dict()[name], weight), name
+    fresh = EagleLightning(large_folder, "tok32", OmegaConf.create({}), optim, loss)
+    assert not torch.equal(fresh.head.fc.weight, module.head.fc.weight)
+
+    with pytest.raises(ValueError, match=r"init_from .*head16 does not fit the configured EAGLE head"):
+        EagleLightning(large_folder, "tok32", OmegaConf.create({"multiple_of": 64}), optim, loss,
+                       init_from=head_folder)  # fmt: skip
