@@ -240,9 +240,10 @@ def test_every_mulo_run_of_a_preset_names_its_accept_rule(preset):
     assert {label: rule for label, rule in rules.items() if rule not in ACCEPT_RULES} == {}
 
 
-@pytest.mark.parametrize(
-    "preset", ["smoke", "speed_zipar", "paper_table", "compiled", "headline_256", "defaults_dev_256"]
-)
+PRESETS = ["smoke", "speed_zipar", "paper_table", "compiled", "headline_256", "defaults_dev_256", "goals_256"]
+
+
+@pytest.mark.parametrize("preset", PRESETS)
 def test_every_eval_preset_expands_to_valid_runs(testbed, tmp_path, preset):
     cfg = compose("evaluate", tmp_path, [f"eval={preset}", *at(testbed)])
     runs = expand_runs(OmegaConf.to_container(cfg.runs, resolve=True))  # raises on an unknown knob

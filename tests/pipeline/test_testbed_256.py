@@ -65,3 +65,9 @@ def test_the_roles_it_lacks_are_named_with_the_command_that_makes_them(pipe):
     assert export_command("upsampler_r4", "/elsewhere/mine").startswith(
         "mulo-train experiment=testbed/upsampler_r4 "
     )
+
+
+def test_lantern_defaults_to_the_delta_chosen_on_dev_prompts_at_this_size(pipe):
+    default = pipe([CAPTION], method="lantern", seed=3).tokens[0]
+    assert torch.equal(default, pipe([CAPTION], method="lantern", seed=3, delta=0.2).tokens[0])
+    assert not torch.equal(default, pipe([CAPTION], method="lantern", seed=3, delta=0.4).tokens[0])
