@@ -64,6 +64,7 @@ class SamplerLightning(SamplerTraining, SamplerValidation, L.LightningModule):
         acceptance: DictConfig | None = None,
         images: DictConfig | None = None,
         pixel: str | None = None,
+        init_from: str | None = None,
     ):
         """kind: 'up' or 'down'. r: the scale between the grids. image_size: high-res px (the batch's "image";
         the low-res one is "image_{image_size // r}"). tokenizer: the frozen VQ folder. sampler: Upsampler /
@@ -74,19 +75,22 @@ class SamplerLightning(SamplerTraining, SamplerValidation, L.LightningModule):
         missing folder or None: skipped with a note). acceptance: k, taus and the SamplerConfig fields of the
         target's distribution. images: count of validation examples drawn as an image grid, or None. pixel:
         an interpolation mode (pixel_samplers.MODES) to validate the pixel-space twin (VQ-decode, resize,
-        VQ-encode) instead of the learned sampler, as the tables' baseline row; it has nothing to train."""
+        VQ-encode) instead of the learned sampler, as the tables' baseline row; it has nothing to train.
+        init_from: a sampler folder whose weights start training (sampler_setup.initialise_sampler)."""
         super().__init__()
         self.save_hyperparameters()
         sampler, optim, loss = config_node(sampler), config_node(optim), config_node(loss)
         acceptance, images = config_node(acceptance), config_node(images)
         self.automatic_optimization = False  # generator and discriminator take turns
         check_settings(kind, loss, ema)
-        self.kind = kind
-        self.tokenizer = tokenizer
+        self.kind, self.tokenizer = kind, tokenizer
         self.vq = frozen(VQModel.from_pretrained(tokenizer))
         check_image_size(image_size, r, self.vq)
         self.high_size, self.low_size = image_size, image_size // r
-        self.sampler = build_sampler(kind, r, self.vq, sampler, loss)
+        self.target, self.condition, self.acceptance_note = load_target(
+            kind, target, acceptance, self.vq, image_size
+        )
+        self.sampler = build_sampler(kind, r, self.vq, sampler, loss, self.target, init_from)
         self.pixel_sampler = build_pixel_sampler(kind, r, self.vq, pixel)
         self.ce_teacher = build_ce_teacher(r, self.vq, loss)
         has_logits = kind == "down" or self.sampler.config.output in ("logits", "both")
@@ -99,9 +103,6 @@ class SamplerLightning(SamplerTraining, SamplerValidation, L.LightningModule):
         self.adversarial = build_adversarial(loss.gan)
         # Generator steps taken; saved in checkpoints, decides when the adversarial loss starts.
         self.register_buffer("generator_step", torch.zeros((), dtype=torch.long))
-        self.target, self.condition, self.acceptance_note = load_target(
-            kind, target, acceptance, self.vq, image_size
-        )
         check_kl_teacher(loss, self.target, self.acceptance_note)
         if self.target is not None:
             self.setup_acceptance(acceptance)
@@ -171,6 +172,14 @@ class SamplerLightning(SamplerTraining, SamplerValidation, L.LightningModule):
         # float32 like pre-tokenisation, so both give the same ids
         with torch.autocast(device_type=image.device.type, enabled=False):
             return self.vq.encode(image.float())
+
+    def caption_of(self, batch: dict) -> dict:
+        """The keyword arguments that give a caption-reading up-sampler the batch's captions (as the target
+        takes them); {} for a sampler that reads none."""
+        if not getattr(self.sampler, "conditioned", False):
+            return {}
+        cond, cond_mask = self.condition(batch, self.device)
+        return {"cond": cond, "cond_mask": cond_mask}
 
     def grids(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """(input grid, target grid): (low, high) for the up-sampler, (high, low) for the down-sampler."""

@@ -5,10 +5,13 @@ the adversarial loss."""
 
 from __future__ import annotations
 
+import logging
+
 from mulo_sd.training.losses import AdversarialLoss, PatchDiscriminator
 from omegaconf import DictConfig, OmegaConf
 
 from mulo_sd.nets.downsampler import Downsampler, DownsamplerConfig
+from mulo_sd.nets.gpt import GPT
 from mulo_sd.nets.pixel_samplers import MODES, PixelDownsampler, PixelUpsampler
 from mulo_sd.nets.upsampler import Upsampler, UpsamplerConfig
 from mulo_sd.nets.vq import VQModel
@@ -17,6 +20,8 @@ KINDS = ("up", "down")
 PIXEL_PATHS = ("straight_through", "soft")
 KL_CONTEXTS = ("truth", "draft")  # loss.kl_context: the grid the target is teacher-forced on
 CE_TARGETS = ("truth", *MODES)  # loss.ce_target: the image's own tokens or a pixel-space path's
+
+log = logging.getLogger(__name__)
 
 
 def uses_pixels(loss: DictConfig) -> bool:
@@ -96,10 +101,18 @@ def upsampler_output(loss: DictConfig) -> str:
 
 
 def build_sampler(
-    kind: str, r: int, vq: VQModel, sampler: DictConfig, loss: DictConfig
+    kind: str,
+    r: int,
+    vq: VQModel,
+    sampler: DictConfig,
+    loss: DictConfig,
+    target: GPT | None = None,
+    init_from: str | None = None,
 ) -> Upsampler | Downsampler:
     """The learned up- or down-sampler over `vq`'s codebook; `sampler` holds its config fields besides r,
-    codebook_size, code_dim (from the tokenizer) and output (from the loss)."""
+    codebook_size, code_dim (from the tokenizer) and output (from the loss). `sampler.condition: caption`
+    makes an up-sampler that reads the captions as `target` takes them (word ids or feature rows).
+    `init_from`: a sampler folder whose weights it starts from (`initialise_sampler`)."""
     fields = OmegaConf.to_container(sampler, resolve=True)
     if "output" in fields:
         raise ValueError(
@@ -107,9 +120,45 @@ def build_sampler(
             "pixel_path=soft, a code for pixel_path=straight_through)"
         )
     fields.update(r=r, codebook_size=vq.codebook_size, code_dim=vq.code_dim)
+    if fields.get("condition", "none") != "none":
+        fields.update(caption_fields(kind, fields["condition"], target))
     if kind == "up":
-        return Upsampler(UpsamplerConfig(**fields, output=upsampler_output(loss)), vq.codebook)
-    return Downsampler(DownsamplerConfig(**fields), vq.codebook)
+        model = Upsampler(UpsamplerConfig(**fields, output=upsampler_output(loss)), vq.codebook)
+    else:
+        model = Downsampler(DownsamplerConfig(**fields), vq.codebook)
+    if init_from is not None:
+        initialise_sampler(model, init_from)
+    return model
+
+
+def caption_fields(kind: str, condition: str, target: GPT | None) -> dict:
+    """The UpsamplerConfig fields of an up-sampler that reads the captions as the target does."""
+    if kind != "up" or condition != "caption":
+        raise ValueError(
+            f"sampler.condition must be 'none' or 'caption' (an up-sampler that reads the captions as the "
+            f"target takes them), got '{condition}' for a {kind}-sampler"
+            + ("" if kind == "up" else ": only up-samplers read captions")
+        )
+    if target is None:
+        raise ValueError(
+            "sampler.condition=caption reads the captions as the target takes them: set model.target to the "
+            "target's folder (and model.acceptance)"
+        )
+    config = target.config
+    if config.cond_type == "words":
+        return {"condition": "words", "condition_vocab": config.cond_vocab_size}
+    return {"condition": "features", "condition_dim": config.caption_dim}
+
+
+def initialise_sampler(sampler: Upsampler | Downsampler, folder: str) -> None:
+    """Start from the weights of the sampler saved in `folder`: every tensor of it must fit; the tensors
+    it lacks (a caption reader's, when it reads none) keep their init."""
+    source = type(sampler).from_pretrained(folder)
+    missing, unexpected = sampler.load_state_dict(source.state_dict(), strict=False)
+    if unexpected:
+        raise ValueError(f"init_from {folder} has weights the configured sampler lacks: {unexpected}")
+    if missing:
+        log.warning("init_from %s: %s keep their init (not in that folder)", folder, missing)
 
 
 def build_pixel_sampler(

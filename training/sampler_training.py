@@ -51,7 +51,7 @@ class SamplerTraining:
         c = self.loss_cfg
         up = self.kind == "up"
         inputs = self.token_grid(batch, self.low_size if up else self.high_size)
-        out = self.sampler(inputs)
+        out = self.sampler(inputs, **self.caption_of(batch))
         if not up:
             out = {"logits": out}
         terms, logs, fake = {}, {}, None

@@ -58,7 +58,7 @@ class SamplerValidation:
             else:
                 predicted = self.pixel_sampler.downsample(inputs)
         else:
-            out = sampler(inputs)
+            out = sampler(inputs, **self.caption_of(batch))
             if self.kind == "down":
                 out = {"logits": out}
             predicted = out["logits"].argmax(1) if "logits" in out else sampler.tokens(out)

@@ -22,6 +22,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from mulo_sd.nets.caption_film import CONDITIONS, CaptionFiLM, modulate
 from mulo_sd.nets.io import Pretrained
 from mulo_sd.nets.masked_conv import NORMS, ChannelLayerNorm, RowCausalBlock, context_rows
 
@@ -71,11 +72,21 @@ class UpsamplerConfig:
     # computed from the whole prefix, which matches training only when the whole low-res grid is drafted at
     # once (MuLo-SD's default rows_per_cycle=None)
     causal: bool = True
+    # 'words' / 'features': the up-sampler also reads the caption as the target takes it (caption_film.py):
+    # word ids of a vocabulary of `condition_vocab`, or `condition_dim`-wide feature rows; 'none': tokens only
+    condition: str = "none"
+    condition_vocab: int = 0
+    condition_dim: int = 0
 
     def __post_init__(self):
         check_sampler_fields(self)
         if self.output not in OUTPUTS:
             raise ValueError(f"UpsamplerConfig.output must be one of {OUTPUTS}, got '{self.output}'")
+        if self.condition not in CONDITIONS:
+            raise ValueError(f"UpsamplerConfig.condition must be one of {CONDITIONS}, got '{self.condition}'")
+        needs = {"words": "condition_vocab", "features": "condition_dim"}.get(self.condition)
+        if needs is not None and getattr(self, needs) < 1:
+            raise ValueError(f"UpsamplerConfig.condition '{self.condition}' needs {needs} >= 1")
 
 
 def check_token_grid(ids: torch.Tensor, codebook_size: int, what: str = "ids") -> None:
@@ -168,6 +179,20 @@ class Upsampler(TokenGridModel, Pretrained):
         has_logits, has_code = config.output in ("logits", "both"), config.output in ("code", "both")
         self.logits_head = nn.Conv2d(config.width, config.codebook_size * r2, 1) if has_logits else None
         self.code_head = nn.Conv2d(config.width, config.code_dim * r2, 1) if has_code else None
+        self.caption = None
+        if self.conditioned:  # one scale and shift after the embedding and after each block
+            self.caption = CaptionFiLM(
+                config.condition,
+                config.width,
+                config.blocks + 1,
+                config.condition_vocab,
+                config.condition_dim,
+            )
+
+    @property
+    def conditioned(self) -> bool:
+        """Whether the up-sampler also reads the caption (`cond`, as the target takes it)."""
+        return self.config.condition != "none"
 
     @property
     def context_rows(self) -> int:
@@ -175,12 +200,20 @@ class Upsampler(TokenGridModel, Pretrained):
         up-sampler also reaches as many rows below."""
         return context_rows(self.blocks)
 
-    def forward(self, ids: torch.Tensor) -> dict[str, torch.Tensor]:
-        """ids [B, h, w] -> {'logits': [B, V, r*h, r*w]} and/or {'codes': [B, D, r*h, r*w]} (by `output`)."""
+    def forward(
+        self, ids: torch.Tensor, cond: torch.Tensor | None = None, cond_mask: torch.Tensor | None = None
+    ) -> dict[str, torch.Tensor]:
+        """ids [B, h, w] (and for a conditioned up-sampler the caption `cond` [B, L] or [B, L, D] and
+        `cond_mask`) -> {'logits': [B, V, r*h, r*w]} and/or {'codes': [B, D, r*h, r*w]} (by `output`)."""
         check_token_grid(ids, self.codebook_size)
+        films = self.caption_films(ids, cond, cond_mask)
         x = self.embed(ids)
-        for block in self.blocks:
+        if films:
+            x = modulate(x, films[0])
+        for i, block in enumerate(self.blocks):
             x = block(x)
+            if films:
+                x = modulate(x, films[i + 1])
         x = F.silu(self.norm_out(x))
         out = {}
         if self.logits_head is not None:
@@ -188,6 +221,20 @@ class Upsampler(TokenGridModel, Pretrained):
         if self.code_head is not None:
             out["codes"] = F.pixel_shuffle(self.code_head(x), self.r)
         return out
+
+    def caption_films(self, ids, cond, cond_mask) -> list:
+        if self.caption is None:
+            if cond is not None:
+                raise ValueError("this up-sampler reads no caption (config.condition 'none'): pass no cond")
+            return []
+        if cond is None:
+            raise ValueError(
+                f"this up-sampler reads the caption (config.condition '{self.config.condition}'): pass cond, "
+                f"the caption as the target takes it"
+            )
+        if cond.shape[0] != ids.shape[0]:
+            raise ValueError(f"cond has {cond.shape[0]} captions for {ids.shape[0]} token grids")
+        return self.caption(cond.to(ids.device), cond_mask)
 
     def tokens(self, out: dict[str, torch.Tensor]) -> torch.Tensor:
         """Token ids from `forward`'s output: argmax of the logits when there are logits (also for 'both'),
@@ -197,16 +244,19 @@ class Upsampler(TokenGridModel, Pretrained):
         return nearest_entries(out["codes"], self.codebook)
 
     @torch.no_grad()
-    def upsample(self, ids: torch.Tensor) -> torch.Tensor:
+    def upsample(self, ids: torch.Tensor, cond=None, cond_mask=None) -> torch.Tensor:
         """ids [B, h, w] -> ids [B, r*h, r*w]."""
-        return self.tokens(self(ids))
+        return self.tokens(self(ids, cond, cond_mask))
 
     @torch.no_grad()
-    def upsample_rows(self, ids_low: torch.Tensor, first_row: int, windowed: bool = True) -> torch.Tensor:
+    def upsample_rows(
+        self, ids_low: torch.Tensor, first_row: int, windowed: bool = True, cond=None, cond_mask=None
+    ) -> torch.Tensor:
         """High-res rows r*first_row .. r*n - 1 for the low-res prefix ids_low [B, n, w]: [B, r*(n-first_row),
         r*w], equal to those rows of `upsample` on any grid that starts with this prefix. `windowed` feeds
         only the `context_rows` rows above `first_row` (all the new rows depend on) instead of the prefix.
-        A non-causal up-sampler (`causal=False`) computes them from the whole prefix, as the pixel path."""
+        A non-causal up-sampler (`causal=False`) computes them from the whole prefix, as the pixel path.
+        `cond`, `cond_mask`: the caption, for a conditioned up-sampler."""
         check_token_grid(ids_low, self.codebook_size, "ids_low")
         n = ids_low.shape[1]
         if not 0 <= first_row < n:
@@ -214,7 +264,7 @@ class Upsampler(TokenGridModel, Pretrained):
                 f"first_row must lie in [0, {n}) for a low-res prefix of {n} rows, got {first_row}"
             )
         start = max(0, first_row - self.context_rows) if windowed and self.config.causal else 0
-        ids_high = self.upsample(ids_low[:, start:])
+        ids_high = self.upsample(ids_low[:, start:], cond, cond_mask)
         return ids_high[:, self.r * (first_row - start) :]
 
 

@@ -77,6 +77,7 @@ def check_configs(model_set: ModelSet, configs: dict, t5_dim: int | None) -> Non
         check_eagle_head(model_set, configs, gpts["target"])
         check_drafter_grids(model_set, gpts)
         check_sampler_vocabularies(model_set, configs, gpts["target"])
+        check_sampler_captions(model_set, configs, gpts["target"])
     check_sampler_scales(model_set, configs)
     check_conditions(model_set, gpts)
     check_t5_width(model_set, gpts, t5_dim)
@@ -147,6 +148,28 @@ def check_sampler_vocabularies(model_set: ModelSet, configs: dict, target) -> No
             raise ValueError(
                 f"{_prefix(model_set)}{_where(model_set, role)} has codebook_size "
                 f"{configs[role].codebook_size}, but the target predicts {target.vocab_size} token ids"
+            )
+
+
+def check_sampler_captions(model_set: ModelSet, configs: dict, target) -> None:
+    """An up-sampler that reads the caption reads it as the target takes it: word ids of the target's
+    caption vocabulary, or feature rows of its caption_dim."""
+    for role in ("upsampler_r2", "upsampler_r4"):
+        condition = getattr(configs.get(role), "condition", "none")
+        if condition == "none":
+            continue
+        config, where = configs[role], f"{_prefix(model_set)}{_where(model_set, role)}"
+        if condition == "words":
+            fits, wanted = target.cond_type == "words", f"word ids of {config.condition_vocab} words"
+            fits = fits and target.cond_vocab_size == config.condition_vocab
+        else:
+            fits, wanted = target.cond_type in ("t5", "tatok"), f"{config.condition_dim}-d caption features"
+            fits = fits and target.caption_dim == config.condition_dim
+        if not fits:
+            raise ValueError(
+                f"{where} reads the caption as {wanted}, but the target takes cond_type "
+                f"'{target.cond_type}' (cond_vocab_size {target.cond_vocab_size}, caption_dim "
+                f"{target.caption_dim}): train the up-sampler against this target"
             )
 
 

@@ -255,3 +255,23 @@ def test_a_cuda_set_on_a_machine_without_cuda_is_a_clear_error(llamagen_root, mo
         ValueError, match=r"loads on cuda, but this machine has no CUDA device: set models.device"
     ):
         load_model_set(model_set, ["vq", "target"])
+
+
+def test_an_up_sampler_reading_captions_the_target_does_not_take_is_an_error(
+    llamagen_root, tmp_path, monkeypatch
+):
+    # the LlamaGen target takes T5 features; this up-sampler reads testbed word ids
+    config = UpsamplerConfig(
+        r=2, codebook_size=64, code_dim=8, width=8, blocks=1, condition="words", condition_vocab=40
+    )
+    codebook = torch.nn.functional.normalize(torch.randn(64, 8), dim=-1)
+    Upsampler(config, codebook).save_pretrained(tmp_path / "up")
+    forbid_weights(monkeypatch)
+    overrides = set_overrides(
+        llamagen_root, "method=mulo", PROMPT, f"models.folders.upsampler_r2={tmp_path / 'up'}"
+    )
+    wrong = (
+        r"upsampler_r2 \(.*\) reads the caption as word ids of 40 words, but the target takes cond_type 't5'"
+    )
+    with pytest.raises(ValueError, match=wrong):
+        run(compose("decode", tmp_path, overrides))

@@ -110,8 +110,9 @@ class _Proxy:
     def step(self, state, tokens, positions):
         return self._driver.ask(self._image, self._role, "step", (tokens, positions))
 
-    def upsample_rows(self, ids, first_row):
-        return self._driver.ask(self._image, self._role, "upsample_rows", (ids, first_row))
+    def upsample_rows(self, ids, first_row, cond=None, cond_mask=None):
+        caption = {} if cond is None else {"cond": cond, "cond_mask": cond_mask}
+        return self._driver.ask(self._image, self._role, "upsample_rows", (ids, first_row, caption))
 
     def downsample(self, ids):
         return self._driver.ask(self._image, self._role, "downsample", (ids,))
@@ -220,16 +221,31 @@ class _Driver:
         return {image: logits[image : image + 1, : len(positions[image])] for image in asks}
 
     def _stateless(self, role: str, kind: str, asks: dict[int, tuple]) -> dict[int, torch.Tensor]:
-        """One call per group of images whose arguments have the same shape (and first row)."""
+        """One call per group of images whose arguments have the same shape (and first row); a caption an
+        up-sampler reads (the last argument, a dict) is stacked like the ids."""
         groups: dict[tuple, list[int]] = {}
         for image, (ids, *rest) in asks.items():
-            groups.setdefault((tuple(ids.shape), *rest), []).append(image)
+            fixed = [arg for arg in rest if not isinstance(arg, dict)]
+            groups.setdefault((tuple(ids.shape), *fixed), []).append(image)
         answers = {}
         for (_, *rest), images in groups.items():
-            output = getattr(self.models[role], kind)(torch.cat([asks[i][0] for i in images]), *rest)
+            caption = _stacked_caption([asks[i][-1] for i in images]) if kind == "upsample_rows" else {}
+            model = getattr(self.models[role], kind)
+            output = model(torch.cat([asks[i][0] for i in images]), *rest, **caption)
             self.stats.record_call(role, 0)
             answers.update({image: output[j : j + 1] for j, image in enumerate(images)})
         return answers
+
+
+def _stacked_caption(captions: list[dict]) -> dict:
+    """The images' captions ({} for an up-sampler that reads none) as one batch."""
+    if not captions[0]:
+        return {}
+    masks = [caption["cond_mask"] for caption in captions]
+    return {
+        "cond": torch.cat([caption["cond"] for caption in captions]),
+        "cond_mask": None if masks[0] is None else torch.cat(masks),
+    }
 
 
 def _groups(requests: dict[int, tuple]) -> dict[tuple[str, str], list[int]]:

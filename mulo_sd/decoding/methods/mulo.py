@@ -26,7 +26,9 @@ One cycle, until the high-res grid (target, H x W) is full:
    in the drafter's cache (together with the next draft call, so no extra drafter call).
 
 Interfaces (duck-typed): upsampler.r, .codebook_size, .upsample_rows(ids_low [1, n, w], first_row) ->
-[1, r * (n - first_row), W]; downsampler.r, .codebook_size, .downsample(ids_high [1, r * n, W]) -> [1, n, w],
+[1, r * (n - first_row), W] (an up-sampler with `conditioned` true also gets `cond=`, `cond_mask=`: the
+caption as the target takes it); downsampler.r, .codebook_size, .downsample(ids_high [1, r * n, W]) ->
+[1, n, w],
 called on the committed complete row groups only, once per cycle that completes new ones and never after the
 last cycle. Only a cycle that ends before the grid is full calls it (`uses_downsampler`: rejection='raster'
 or a `rows_per_cycle`); the default, one cycle over the whole grid with 'local' / 'naive' rejection, never
@@ -255,6 +257,10 @@ class ImageDecode:
     def run(self, cond: torch.Tensor, cond_mask: torch.Tensor | None) -> torch.Tensor:
         """-> tokens int64 [H*W] on CPU."""
         stats, knobs, size, r = self.stats, self.knobs, self.height * self.width, self.knobs.r
+        # an up-sampler that reads the caption gets the target's condition (nets/caption_film.py)
+        self.caption = {}
+        if getattr(self.upsampler, "conditioned", False):
+            self.caption = {"cond": cond, "cond_mask": cond_mask}
         with stats.wall():
             with stats.phase("prefill"):
                 self.target_state = self.target.start(cond, self.sampler.cfg_scale, cond_mask=cond_mask)
@@ -306,7 +312,8 @@ class ImageDecode:
     def upsample(self, first_row: int, last_row: int, start: int, end: int) -> None:
         """Up-sample the new low-res rows; positions [start, end) of their high-res rows become the draft."""
         prefix = self.low.values[: last_row * self.low_width].view(1, last_row, self.low_width)
-        new_rows = self.upsampler.upsample_rows(prefix.to(self.device), first_row).reshape(-1).cpu()
+        new_rows = self.upsampler.upsample_rows(prefix.to(self.device), first_row, **self.caption)
+        new_rows = new_rows.reshape(-1).cpu()
         self.high.values[start:end] = new_rows[start - first_row * self.knobs.r * self.width :]
         self.stats.tokens_drafted += end - start
 
