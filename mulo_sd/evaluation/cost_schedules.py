@@ -24,7 +24,10 @@ from mulo_sd.testbed.prompts import evaluation_prompts
 
 TESTBED_SIDE = 16  # the testbed target's grid side
 # the default testbed set's folders that differ from the testbed layout (conf/models/testbed.yaml)
-TESTBED_FOLDERS = {"upsampler_r2": "ablation/upsampler_r2_token_ce_noncausal"}
+TESTBED_FOLDERS = {
+    "upsampler_r2": "ablation/upsampler_r2_token_ce_noncausal",
+    "upsampler_r4": "ablation/upsampler_r4_caption",
+}
 TESTBED_ROLES = ("vq", "target", "drafter_r2", "drafter_r4", "drafter_small", "eagle_head")
 TESTBED_SAMPLER = SamplerConfig(cfg_scale=2.0)  # conf/models/folder.yaml
 # (label, method, knobs over RECOMMENDED); MuLo-SD's r picks the real set it is predicted for
