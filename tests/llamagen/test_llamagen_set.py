@@ -193,19 +193,25 @@ def test_a_gpt_of_another_codebook_is_an_error(llamagen_root, tmp_path, monkeypa
         run(compose("decode", tmp_path, overrides))
 
 
-def test_a_sampler_of_another_code_dimension_is_an_error(llamagen_root, tmp_path, monkeypatch):
-    config = UpsamplerConfig(r=2, codebook_size=64, code_dim=4, width=8, blocks=1)
-    codebook = torch.nn.functional.normalize(torch.randn(64, 4), dim=-1)
+def decode_with_upsampler(llamagen_root, tmp_path, monkeypatch, code_dim: int, **fields):
+    """Decode the LlamaGen set with a random r=2 up-sampler of `code_dim` and these config fields, with
+    every weight load forbidden (the set's checks must refuse it first)."""
+    config = UpsamplerConfig(r=2, codebook_size=64, code_dim=code_dim, width=8, blocks=1, **fields)
+    codebook = torch.nn.functional.normalize(torch.randn(64, code_dim), dim=-1)
     Upsampler(config, codebook).save_pretrained(tmp_path / "up")
     forbid_weights(monkeypatch)
     overrides = set_overrides(
         llamagen_root, "method=mulo", PROMPT, f"models.folders.upsampler_r2={tmp_path / 'up'}"
     )
+    run(compose("decode", tmp_path, overrides))
+
+
+def test_a_sampler_of_another_code_dimension_is_an_error(llamagen_root, tmp_path, monkeypatch):
     wrong = (
         r"upsampler_r2 \(.*\) was trained for codebook_size 64 and code_dim 4, but the vq has codebook_size"
     )
     with pytest.raises(ValueError, match=wrong + r" 64 and codebook_embed_dim 8"):
-        run(compose("decode", tmp_path, overrides))
+        decode_with_upsampler(llamagen_root, tmp_path, monkeypatch, 4)
 
 
 def test_gpts_with_different_caption_prefixes_are_an_error(llamagen_root, tmp_path, monkeypatch):
@@ -261,17 +267,8 @@ def test_an_up_sampler_reading_captions_the_target_does_not_take_is_an_error(
     llamagen_root, tmp_path, monkeypatch
 ):
     # the LlamaGen target takes T5 features; this up-sampler reads testbed word ids
-    config = UpsamplerConfig(
-        r=2, codebook_size=64, code_dim=8, width=8, blocks=1, condition="words", condition_vocab=40
-    )
-    codebook = torch.nn.functional.normalize(torch.randn(64, 8), dim=-1)
-    Upsampler(config, codebook).save_pretrained(tmp_path / "up")
-    forbid_weights(monkeypatch)
-    overrides = set_overrides(
-        llamagen_root, "method=mulo", PROMPT, f"models.folders.upsampler_r2={tmp_path / 'up'}"
-    )
     wrong = (
         r"upsampler_r2 \(.*\) reads the caption as word ids of 40 words, but the target takes cond_type 't5'"
     )
     with pytest.raises(ValueError, match=wrong):
-        run(compose("decode", tmp_path, overrides))
+        decode_with_upsampler(llamagen_root, tmp_path, monkeypatch, 8, condition="words", condition_vocab=40)
