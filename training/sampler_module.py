@@ -46,6 +46,8 @@ from mulo_sd.nets.vq import VQModel
 
 log = logging.getLogger(__name__)
 
+CONDITION_KEY = "_target_condition"  # the batch key of its computed condition (batch_condition)
+
 
 class SamplerLightning(SamplerTraining, SamplerValidation, L.LightningModule):
     accumulates_gradients = True  # over trainer.accumulate_grad_batches micro-batches (training_step)
@@ -173,12 +175,20 @@ class SamplerLightning(SamplerTraining, SamplerValidation, L.LightningModule):
         with torch.autocast(device_type=image.device.type, enabled=False):
             return self.vq.encode(image.float())
 
+    def batch_condition(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The target's (cond, cond_mask) for the batch's captions, computed once per batch and kept in it
+        (under CONDITION_KEY): the up-sampler, the KL teacher and the acceptance metric share it, and for a
+        T5-conditioned target without stored features it runs the text encoder."""
+        if CONDITION_KEY not in batch:
+            batch[CONDITION_KEY] = self.condition(batch, self.device)
+        return batch[CONDITION_KEY]
+
     def caption_of(self, batch: dict) -> dict:
         """The keyword arguments that give a caption-reading up-sampler the batch's captions (as the target
         takes them); {} for a sampler that reads none."""
         if not getattr(self.sampler, "conditioned", False):
             return {}
-        cond, cond_mask = self.condition(batch, self.device)
+        cond, cond_mask = self.batch_condition(batch)
         return {"cond": cond, "cond_mask": cond_mask}
 
     def grids(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:

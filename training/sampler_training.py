@@ -104,7 +104,7 @@ class SamplerTraining:
         """The target's processed distribution at each position of the grid `context` [B,h,w] (the ground
         truth or the draft), teacher-forced with the batch's captions as the acceptance metric sees it:
         [B,V,h,w] probabilities."""
-        cond, cond_mask = self.condition(batch, self.device)
+        cond, cond_mask = self.batch_condition(batch)
         probs = teacher_forced_probs(self.target, cond, context, self.accept_sampling, cond_mask)
         return probs.transpose(1, 2).reshape(context.shape[0], -1, *context.shape[1:])
 

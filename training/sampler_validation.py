@@ -74,7 +74,7 @@ class SamplerValidation:
                 sums["lpips"] += self.lpips(decoded, image.float(), reduction="per_sample").sum().double()
             sums["images"] += image.shape[0]
         if self.target is not None:
-            cond, cond_mask = self.condition(batch, self.device)
+            cond, cond_mask = self.batch_condition(batch)
             accepted = accepted_draft_tokens(
                 self.target, cond, truth, predicted, self.accept_sampling, self.neighbours, self.k, self.taus,
                 cond_mask,

@@ -46,3 +46,20 @@ def test_caption_settings_that_cannot_work_are_named(folders):  # noqa: F811
         instantiate_module(folders, ["+model.sampler.condition=caption"], "testbed/downsampler_r2")
     with pytest.raises(Exception, match="must be 'none' or 'caption'"):
         instantiate_module(folders, ["model.sampler.condition=words"], target=folders["target"])
+
+
+def test_the_up_sampler_and_the_acceptance_metric_share_one_condition_per_batch(folders):  # noqa: F811
+    module = instantiate_module(
+        folders, ["loss=token_ce", "model.sampler.condition=caption"], target=folders["target"]
+    )
+    calls = []
+    condition = module.condition
+    module.condition = lambda batch, device: calls.append(1) or condition(batch, device)
+    batch = {
+        "caption": CAPTIONS,
+        "tok8": torch.randint(0, CODES, (2, 4, 4)),
+        "tok16": torch.randint(0, CODES, (2, 8, 8)),
+    }
+    module.on_validation_epoch_start()
+    module.validation_step(batch, 0)
+    assert len(calls) == 1 and module.val_sums["tokens"] > 0

@@ -115,7 +115,7 @@ class _Proxy:
         return self._driver.ask(self._image, self._role, "upsample_rows", (ids, first_row, caption))
 
     def downsample(self, ids):
-        return self._driver.ask(self._image, self._role, "downsample", (ids,))
+        return self._driver.ask(self._image, self._role, "downsample", (ids, {}))
 
 
 class _Driver:
@@ -221,15 +221,15 @@ class _Driver:
         return {image: logits[image : image + 1, : len(positions[image])] for image in asks}
 
     def _stateless(self, role: str, kind: str, asks: dict[int, tuple]) -> dict[int, torch.Tensor]:
-        """One call per group of images whose arguments have the same shape (and first row); a caption an
-        up-sampler reads (the last argument, a dict) is stacked like the ids."""
+        """One call per group of images whose arguments have the same shape (and first row). Each ask is
+        (ids, *the other arguments, the caption an up-sampler reads as a dict, {} for none); the captions
+        are stacked like the ids."""
         groups: dict[tuple, list[int]] = {}
-        for image, (ids, *rest) in asks.items():
-            fixed = [arg for arg in rest if not isinstance(arg, dict)]
-            groups.setdefault((tuple(ids.shape), *fixed), []).append(image)
+        for image, (ids, *rest, _) in asks.items():
+            groups.setdefault((tuple(ids.shape), *rest), []).append(image)
         answers = {}
         for (_, *rest), images in groups.items():
-            caption = _stacked_caption([asks[i][-1] for i in images]) if kind == "upsample_rows" else {}
+            caption = _stacked_caption([asks[i][-1] for i in images])
             model = getattr(self.models[role], kind)
             output = model(torch.cat([asks[i][0] for i in images]), *rest, **caption)
             self.stats.record_call(role, 0)
