@@ -87,6 +87,7 @@ def run(cfg: DictConfig) -> EvalRun | None:
         models, runs, prompts, list(cfg.seeds), sampler, cfg.device, out_dir,
         warmup=cfg.warmup, quality=cfg.quality, grid_prompts=cfg.grid_prompts,
         progress=cfg.progress, fd_ar_seeds=fd_ar_seeds, bootstrap=bootstrap, fd_min_images=cfg.fd_min_images,
+        compile_every_width=cfg.compile_every_width,
     )  # fmt: skip
     print(evaluation.files["summary_md"].read_text())
     matched = None

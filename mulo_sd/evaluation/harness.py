@@ -90,13 +90,16 @@ def evaluate(
     fd_ar_seeds: list[int] = (),
     bootstrap: Bootstrap = BOOTSTRAP,
     fd_min_images: int = MIN_FD_IMAGES,
+    compile_every_width: bool = False,
 ) -> Evaluation:
     """Run the protocol of the module docstring and write its files. SceneEval scores and FD are computed
     when `quality` and `models.sceneeval` is loaded; the NLL whenever `quality`. `progress` shows a bar of the
     decodes done (stderr) with the run being decoded. `fd_ar_seeds` (needs SceneEval): AR's extra seeds for
     `fd_ar`, decoded on the reported prompts (the test split when there is a dev split, else all); disjoint
     from `seeds` for the floor to mean anything (mulo-eval refuses an overlap). The tables show the FDs of
-    a row with fewer than `fd_min_images` images as "n/a" (mulo_sd/evaluation/fd_minimum.py)."""
+    a row with fewer than `fd_min_images` images as "n/a" (mulo_sd/evaluation/fd_minimum.py).
+    `compile_every_width`: the compiled runs compile every step width in their warm-up (decode's
+    compile="every_width"), so no timed decode compiles a graph."""
     reference = reference_run(runs)
     scorer = _checked_scorer(models, prompts, seeds, device, quality, fd_ar_seeds)
     run_models = {
@@ -105,7 +108,7 @@ def evaluate(
     splits = list(dict.fromkeys(p.split for p in prompts))
     reported = reported_splits(splits)
     shown = [p for p in prompts if p.split == reported[0]][:grid_prompts]
-    sweep = Sweep(models, run_models, sampler, device, quality, scorer, shown, seeds[0])
+    sweep = Sweep(models, run_models, sampler, device, quality, scorer, shown, seeds[0], compile_every_width)
     warmup_seconds = sweep.warm_up(runs, prompts[0], seeds[0], warmup)
     fd_ar_prompts = [p for p in prompts if p.split in reported] if fd_ar_seeds else []
     decodes = sweep.decode_all(runs, reference, prompts, seeds, fd_ar_prompts, fd_ar_seeds, progress)
@@ -181,6 +184,7 @@ class Sweep:
     scorer: object | None  # the SceneEval model, None: no SceneEval scores
     shown: list[Prompt]  # the grid's prompts (its columns), their images decoded under grid_seed
     grid_seed: int
+    compile_every_width: bool = False  # a compiled run's first decode compiles every step width
     decodes: Decodes = field(default_factory=Decodes)
     target: torch.nn.Module = field(init=False)  # scores the NLL of the tokens
     grid_columns: dict[tuple[str, int], int] = field(init=False)  # (split, prompt index) -> grid column
@@ -254,9 +258,8 @@ class Sweep:
 
     def _decode(self, run: RunSpec, prompt: Prompt, seed: int):
         models = self.run_models[run.label]
-        return decode(
-            run.method, models, [prompt.caption], run.knobs, self.sampler, seed, compile=run.compile
-        )
+        compile = "every_width" if run.compile and self.compile_every_width else run.compile
+        return decode(run.method, models, [prompt.caption], run.knobs, self.sampler, seed, compile=compile)
 
     def _add_features(self, label: str, prompt: Prompt, seed: int, images: torch.Tensor) -> None:
         decodes = self.decodes.features.setdefault((label, prompt.split), {})

@@ -9,7 +9,11 @@ static shape. `compiled(model, device_type)` wraps a GPT: every attribute passes
   entries n are padded up to the next power of two (`bucket`) with entries at the padding slot of
   `step_rows` (the state's first tree slot: nothing a real query sees), so each (kind of step, bucket,
   batch, model shape) compiles once and the real entries' logits are those of the eager step;
-- `start` runs eagerly (once per decode) and gives the state that padding slot (`add_tree_slots(1)`);
+- `start` runs eagerly (once per decode) and gives the state that padding slot (`add_tree_slots(1)`); with
+  `every_width` it also compiles, the first time it meets a state shape (model, batch, guidance), the step
+  graph of every bucket width up to the grid, so that no later decode compiles one inside a timed loop
+  (an island step of a width no warm-up decode fed). That costs a second or more per graph on a CPU, so it is
+  the evaluation harness's choice for timed compiled runs, not the default;
 - `step_tree` (EAGLE-2's verification) stays eager: its node count and tree slots vary per call, and its
   scratch slots are the tree slots themselves, so padding entries would need slots of their own.
 
@@ -38,6 +42,10 @@ from mulo_sd.nets.slot_cache import DecodeState, check_row_step, check_step
 # together (dynamo counts them per function, and the default of 8 would quietly fall back to eager)
 RECOMPILE_LIMIT = 256
 
+# (model id, batch, guided, slots, cuda) whose every bucket width `CompiledGPT(every_width=True)` compiled
+# already in this process (dynamo keeps the graphs; this only saves feeding them again)
+COMPILED_SHAPES: set[tuple] = set()
+
 
 class KVCache(NamedTuple):
     """The part of a DecodeState that `GPT._hidden` reads: per-layer K and V tensors."""
@@ -58,13 +66,14 @@ def bucket(n: int) -> int:
     return 1 << (n - 1).bit_length()
 
 
-def compiled(model: GPT, device_type: str) -> CompiledGPT:
-    """`model` with its decoding steps compiled for `device_type` ('cpu' or 'cuda'; module docstring)."""
+def compiled(model: GPT, device_type: str, every_width: bool = False) -> CompiledGPT:
+    """`model` with its decoding steps compiled for `device_type` ('cpu' or 'cuda'); `every_width`: every
+    bucket width compiled when `start` first meets a state shape (module docstring)."""
     if not isinstance(model, GPT):
         raise ValueError(f"compile supports GPT models only, got {type(model).__name__}")
     if model.training:
         raise ValueError("compile decodes with a model in eval mode (dropout off); call model.eval() first")
-    return CompiledGPT(model, device_type)
+    return CompiledGPT(model, device_type, every_width)
 
 
 @functools.cache
@@ -80,9 +89,10 @@ def compiled_forward(cuda: bool):
 class CompiledGPT:
     """A GPT whose `step` and `step_rows` run compiled graphs; every other attribute is the GPT's."""
 
-    def __init__(self, model: GPT, device_type: str):
+    def __init__(self, model: GPT, device_type: str, every_width: bool = False):
         self._wrapped = model
         self._cuda = device_type == "cuda"
+        self._every_width = every_width
         self._forward = compiled_forward(self._cuda)
 
     def __getattr__(self, name: str):
@@ -95,7 +105,30 @@ class CompiledGPT:
         """GPT.start, plus the padding slot that the compiled steps pad with."""
         state = self._wrapped.start(cond, cfg_scale, cond_mask=cond_mask)
         state.add_tree_slots(1)
+        if self._every_width:
+            self._compile_every_width(cond, cfg_scale, cond_mask, state)
         return state
+
+    def _compile_every_width(self, cond, cfg_scale: float, cond_mask, state: DecodeState) -> None:
+        """Run `step` (and, for a batch of several rows, `step_rows`) once at every bucket width on a scratch
+        state shaped like `state`, once per process and shape (`COMPILED_SHAPES`)."""
+        shape = (id(self._wrapped), state.batch_size, state.guided, state.num_slots, self._cuda)
+        if shape in COMPILED_SHAPES:
+            return
+        scratch = self._wrapped.start(cond, cfg_scale, cond_mask=cond_mask)
+        scratch.add_tree_slots(1)
+        device, batch, width = state.written.device, state.batch_size, 1
+        while True:
+            n = min(width, self._wrapped.num_tokens)
+            tokens = torch.zeros(batch, n, dtype=torch.long, device=device)
+            positions = torch.arange(n, device=device)
+            self.step(scratch, tokens, positions)
+            if batch > 1:
+                self.step_rows(scratch, tokens, positions.expand(batch, n))
+            if n == self._wrapped.num_tokens:
+                break
+            width *= 2
+        COMPILED_SHAPES.add(shape)
 
     @torch.inference_mode()
     def step(self, state: DecodeState, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

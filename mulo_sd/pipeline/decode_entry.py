@@ -21,7 +21,9 @@ given, so no setting is dropped silently. `lantern` drafts with drafter_small (a
 model; a set without one is an error naming the role); `eagle2` drafts with the set's eagle_head. Every
 call draws its randomness from its own torch.Generator seeded with `seed`, so a (method, knobs, prompts,
 seed) decode repeats exactly. `compile=True` runs the AR models' decoding steps through torch.compile'd
-graphs (mulo_sd/nets/compiled.py: the same tokens; the first decodes of each shape pay the compilation).
+graphs (mulo_sd/nets/compiled.py: the same tokens; the first decodes of each shape pay the compilation);
+`compile="every_width"` compiles every step width of a shape at its first decode, so later decodes of that
+shape compile nothing (what timed evaluation runs want).
 """
 
 from __future__ import annotations
@@ -240,7 +242,7 @@ def decode(
     sampler: SamplerConfig,
     seed: int | list[int],
     condition: tuple[torch.Tensor, torch.Tensor | None] | None = None,
-    compile: bool = False,
+    compile: bool | str = False,
 ) -> DecodeResult:
     """Decode one image per prompt with `method` (module docstring); the batch is decoded together.
     `condition`: (cond, cond_mask) to decode under instead of `Models.condition(prompts)` (Tar's TA-Tok
@@ -275,10 +277,16 @@ def decode(
     return decode_mulo(target, drafter, upsampler, downsampler, neighbours=neighbours, **knobs, **common)
 
 
-def compiled_model(model, compile: bool):
-    """`model` itself, or with `compile` its compiled wrapper. A fresh wrapper per decode costs nothing:
-    the wrappers share one compiled function (nets/compiled.compiled_forward) and its graphs."""
-    return compiled(model, model.device.type) if compile else model
+COMPILE_MODES = (False, True, "every_width")
+
+
+def compiled_model(model, compile: bool | str):
+    """`model` itself, or with `compile` (COMPILE_MODES) its compiled wrapper. A fresh wrapper per decode
+    costs nothing: the wrappers share one compiled function (nets/compiled.compiled_forward) and its
+    graphs."""
+    if compile not in COMPILE_MODES:
+        raise ValueError(f"compile must be one of {COMPILE_MODES}, got {compile!r}")
+    return compiled(model, model.device.type, every_width=compile == "every_width") if compile else model
 
 
 _sr_upsamplers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

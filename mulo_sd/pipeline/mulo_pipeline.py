@@ -130,7 +130,7 @@ class MuLoPipeline:
         sampler: SamplerConfig | Mapping | None = None,
         condition: torch.Tensor | Condition | None = None,
         compare_ar: bool = False,
-        compile: bool = False,
+        compile: bool | str = False,
         **knobs,
     ) -> PipelineOutput:
         """Decode each prompt with `method` and its `knobs` (decode_entry.method_knobs lists them; unknown
@@ -139,7 +139,7 @@ class MuLoPipeline:
         of a tensor or a (cond, cond_mask) pair (e.g. TA-Tok features [B, N, D] for Tar's AR-DTok stage).
         `compare_ar`: also decode with plain AR and report the method's speedup in `rows`. `compile`: decode
         (AR under compare_ar too) through compiled model steps (mulo_sd/nets/compiled.py; the first decodes
-        pay the compilation)."""
+        pay the compilation; "every_width": the first decode of a shape compiles all its step widths)."""
         names = self.roles(method, knobs, condition is not None)
         if self.condition_kind == "tatok" and condition is None and self.mllm_sampler is None:
             name = self.model_set.name
@@ -177,7 +177,7 @@ class MuLoPipeline:
 
     def _decode(
         self, models, method, knobs, sampler, prompt: str, condition: Condition | None, seed: int, compare_ar,
-        compile: bool,
+        compile: bool | str,
     ) -> tuple[DecodeResult, dict]:  # fmt: skip
         """One image and its statistics row."""
         if condition is None and self.condition_kind == "tatok":

@@ -67,7 +67,7 @@ def decode_tar(
     mllm_sampler: SamplerConfig,
     seed: int,
     compare_ar: bool = False,
-    compile: bool = False,
+    compile: bool | str = False,
 ) -> TarResult:
     """Stage 1 with `mllm_sampler`, then `method` with `knobs` and `sampler` on the AR-DTok stage (`compile`:
     through compiled steps, decode_entry.decode); each stage draws from its own generator seeded with `seed`,

@@ -95,3 +95,27 @@ def test_a_compiled_ar_run_stands_beside_the_eager_reference():
     runs = expand_runs([{"method": "ar"}, {"family": "AR (compiled)", "method": "ar", "compile": True}])
     assert [(run.label, run.compile) for run in runs] == [("ar", False), ("AR (compiled)", True)]
     assert reference_run(runs) is runs[0]
+
+
+def test_every_width_compiles_each_step_width_at_the_first_start():
+    # a 2x2 grid: widths 1, 2 and 4; after the first start no step of any width compiles a graph
+    from torch._dynamo.utils import counters
+
+    def graphs_after(model, widths):
+        state = model.start(PROMPTS[:1])
+        before = counters["stats"]["unique_graphs"]
+        for n in widths:
+            model.step(state, torch.zeros(1, n, dtype=torch.long), torch.arange(n))
+        return counters["stats"]["unique_graphs"] - before
+
+    lazy = compiled(tiny_gpt((2, 2), 16, 0, n_layer=1), "cpu")
+    assert graphs_after(lazy, [3]) == 1  # the counter sees a compilation inside a step
+    eager = tiny_gpt((2, 2), 16, 1, n_layer=1)
+    ahead = compiled(eager, "cpu", every_width=True)
+    state = ahead.start(PROMPTS[:1])
+    assert graphs_after(ahead, [1, 2, 3, 4]) == 0
+    state2 = eager.start(PROMPTS[:1])
+    state2.add_tree_slots(1)
+    tokens = torch.tensor([[3, 1, 4]])
+    expected = eager.step(state2, tokens, torch.arange(3))
+    torch.testing.assert_close(ahead.step(state, tokens, torch.arange(3)), expected, **CLOSE)
