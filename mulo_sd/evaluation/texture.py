@@ -47,9 +47,10 @@ def _hann(height: int, width: int) -> torch.Tensor:
 def _windowed_luma(images: torch.Tensor) -> torch.Tensor:
     """[B, H, W] float64: the luma on [0, 1] of images [B, 3, H, W] in [-1, 1], its Hann-weighted mean
     removed, Hann-windowed."""
-    luma = torch.einsum(
-        "bchw,c->bhw", images.detach().cpu().double(), torch.tensor(LUMA, dtype=torch.float64)
-    )
+    channels = images.detach().cpu().double()
+    # per pixel, not an einsum: a batched einsum rounds differently from one image's (1 ulp on AVX-512), and
+    # an image's texture must not depend on the batch it was scored in
+    luma = sum(weight * channels[:, c] for c, weight in enumerate(LUMA))
     window = _hann(*luma.shape[-2:])
     mean = (luma * window).sum((-2, -1), keepdim=True) / window.sum()
     return window * (luma - mean) / 2  # [-1, 1] -> [0, 1] after the mean: a flat image stays exactly 0
