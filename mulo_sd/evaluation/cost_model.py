@@ -95,6 +95,8 @@ TIMING_COLUMNS = ("set", "model", "call", "tokens", "seconds")
 def _model_of(method: str, kind: str, real: RealSet) -> tuple[str, str]:
     role, _, call = kind.partition(".")
     call = "step" if call in ("step", "step_tree", "step_rows", "") else call
+    # a sampled draft (draft_temperature > 0) runs the same forward as the argmax one; its draw is not timed
+    call = "upsample_rows" if call == "upsample_rows_logits" else call
     if role == "target":
         return "target", call
     if role == "drafter":

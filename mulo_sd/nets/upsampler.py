@@ -77,9 +77,14 @@ class UpsamplerConfig:
     condition: str = "none"
     condition_vocab: int = 0
     condition_dim: int = 0
+    # decoding's default knobs.draft_temperature for these weights (chosen on dev prompts): 0 drafts the
+    # argmax code, > 0 draws each draft token from softmax(logits / draft_temperature)
+    draft_temperature: float = 0.0
 
     def __post_init__(self):
         check_sampler_fields(self)
+        if not self.draft_temperature >= 0.0:  # also NaN
+            raise ValueError(f"UpsamplerConfig.draft_temperature must be >= 0, got {self.draft_temperature}")
         if self.output not in OUTPUTS:
             raise ValueError(f"UpsamplerConfig.output must be one of {OUTPUTS}, got '{self.output}'")
         if self.condition not in CONDITIONS:
@@ -257,15 +262,33 @@ class Upsampler(TokenGridModel, Pretrained):
         only the `context_rows` rows above `first_row` (all the new rows depend on) instead of the prefix.
         A non-causal up-sampler (`causal=False`) computes them from the whole prefix, as the pixel path.
         `cond`, `cond_mask`: the caption, for a conditioned up-sampler."""
+        start = self._first_context_row(ids_low, first_row, windowed)
+        ids_high = self.upsample(ids_low[:, start:], cond, cond_mask)
+        return ids_high[:, self.r * (first_row - start) :]
+
+    @torch.no_grad()
+    def upsample_rows_logits(
+        self, ids_low: torch.Tensor, first_row: int, windowed: bool = True, cond=None, cond_mask=None
+    ) -> torch.Tensor:
+        """The logits behind `upsample_rows` (its argmax): [B, V, r*(n-first_row), r*w], for drafts sampled
+        from the up-sampler instead of its most likely code. An up-sampler with a code head only has none."""
+        if self.logits_head is None:
+            raise ValueError(
+                f"this up-sampler predicts codes only (config.output '{self.config.output}'), so it has no "
+                f"logits to sample a draft from: use one with output 'logits' or 'both'"
+            )
+        start = self._first_context_row(ids_low, first_row, windowed)
+        logits = self(ids_low[:, start:], cond, cond_mask)["logits"]
+        return logits[:, :, self.r * (first_row - start) :]
+
+    def _first_context_row(self, ids_low: torch.Tensor, first_row: int, windowed: bool) -> int:
         check_token_grid(ids_low, self.codebook_size, "ids_low")
         n = ids_low.shape[1]
         if not 0 <= first_row < n:
             raise ValueError(
                 f"first_row must lie in [0, {n}) for a low-res prefix of {n} rows, got {first_row}"
             )
-        start = max(0, first_row - self.context_rows) if windowed and self.config.causal else 0
-        ids_high = self.upsample(ids_low[:, start:], cond, cond_mask)
-        return ids_high[:, self.r * (first_row - start) :]
+        return max(0, first_row - self.context_rows) if windowed and self.config.causal else 0
 
 
 def nearest_entries(codes: torch.Tensor, codebook: torch.Tensor) -> torch.Tensor:

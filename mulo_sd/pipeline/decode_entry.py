@@ -11,7 +11,7 @@ defaults: `RECOMMENDED` over the function's own), plus, for `mulo`, the ones tha
 - r: 2 or 4, the scale between target and drafter (drafter_r2 / drafter_r4);
 - upsampler: 'latent' (the learned upsampler_r{r}) or 'pixel' (VQ-decode, resize, VQ-encode);
 - downsampler: 'latent' or 'pixel'; None: the same kind as the up-sampler. Only the modes that draft from
-  down-sampled accepted rows use one (methods/mulo.py `uses_downsampler`: rejection='raster' or a
+  down-sampled accepted rows use one (methods/mulo_checks.py `uses_downsampler`: rejection='raster' or a
   rows_per_cycle); the others load none, so a set without downsampler_r{r} decodes them;
 - pixel_mode: the interpolation of the pixel up-sampler (pixel_samplers.MODES), or 'sr': the set's
   super-resolution network for r (role sr_x{r}: a state-dict file spandrel builds, in the set's dtype;
@@ -44,7 +44,7 @@ from mulo_sd.decoding.methods import (
     decode_mulo,
     decode_zipar,
 )
-from mulo_sd.decoding.methods.mulo import REJECTIONS, uses_downsampler
+from mulo_sd.decoding.methods.mulo_checks import REJECTIONS, uses_downsampler
 from mulo_sd.decoding.neighbours import codebook_neighbours
 from mulo_sd.decoding.sampling import SamplerConfig
 from mulo_sd.nets.compiled import compiled
@@ -122,6 +122,7 @@ IGNORED = {
         ),
         "parallel": ("rejection", ("raster",), f"how islands are batched, {_NO_ISLANDS}"),
         "pixel_mode": ("upsampler", ("latent",), "the interpolation of upsampler='pixel'"),
+        "draft_temperature": ("upsampler", ("pixel",), "a draft sampled from a learned up-sampler's logits"),
     }
 }
 

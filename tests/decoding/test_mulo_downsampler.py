@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from mulo_sd.decoding.methods import decode_mulo
-from mulo_sd.decoding.methods.mulo import uses_downsampler
+from mulo_sd.decoding.methods.mulo_checks import uses_downsampler
 from mulo_sd.decoding.neighbours import codebook_neighbours
 from mulo_sd.decoding.sampling import SamplerConfig
 from tests.decoding.test_mulo import BATCH_COND, RepeatUpsampler, StridedDownsampler, V

@@ -302,3 +302,19 @@ def test_straight_through_codes_pass_gradient_to_codes():
     upstream = torch.randn_like(quantised)
     (quantised * upstream).sum().backward()
     assert torch.allclose(codes.grad, upstream)
+
+
+@pytest.mark.parametrize("windowed", [False, True])
+def test_upsample_rows_logits_are_the_logits_behind_upsample_rows(windowed):
+    model = upsampler(r=2)
+    ids = grid(7, 4, seed=3)
+    for first in (0, 3, 6):  # 3 and 6 start beyond the context window of row 0
+        logits = model.upsample_rows_logits(ids, first, windowed=windowed)
+        assert logits.shape == (2, V, 2 * (7 - first), 8)  # grid() draws two grids
+        assert torch.equal(logits.argmax(1), model.upsample_rows(ids, first, windowed=windowed))
+        assert torch.allclose(logits, model(ids)["logits"][:, :, 2 * first :], atol=1e-5)
+
+
+def test_a_code_only_upsampler_has_no_logits_to_sample_from():
+    with pytest.raises(ValueError, match="predicts codes only \\(config.output 'code'\\)"):
+        upsampler(output="code").upsample_rows_logits(grid(3, 4), 0)

@@ -182,7 +182,7 @@ def test_recommended_knobs_are_the_defaults():
         "r": 2, "upsampler": "latent", "downsampler": "latent", "pixel_mode": "bicubic", "tau": 0.02,
         "accept_rule": "typical", "accept_floor": 0.0, "k": 4, "l": 0, "rejection": "local",
         "rows_per_cycle": None, "draft_window": 1, "island_zipar_window": 1, "refresh_after_resample": False,
-        "parallel": True, "drafter_cfg_scale": None,
+        "parallel": True, "drafter_cfg_scale": None, "draft_temperature": None,
     }  # fmt: skip
     assert resolve_knobs("lantern", {}) == {"k": 64, "delta": 0.4, "draft_len": 4}
     assert resolve_knobs("zipar", {}) == {"window": 4}
@@ -214,6 +214,7 @@ IGNORED_KNOBS = [
     ({"rejection": "raster", "parallel": False}, r"knob parallel does not apply with rejection='raster'"),
     ({"pixel_mode": "bilinear"}, r"knob pixel_mode does not apply with upsampler='latent'"),
     ({"upsampler": "latent", "downsampler": "pixel", "pixel_mode": "lanczos"}, r"knob pixel_mode does not"),
+    ({"upsampler": "pixel", "draft_temperature": 0.5}, r"knob draft_temperature does not apply"),
 ]  # fmt: skip
 
 

@@ -12,7 +12,7 @@ from mulo_sd.decoding.stats import DecodeStats
 # `step(state, tokens [B, n], positions, ...)`; every other attribute is passed through unrecorded
 AR_MODEL = {"start": False, "step": True, "step_tree": True}  # GPT, the Hugging Face adapter (no step_tree)
 DRAFT_HEAD = {"step": False}  # EagleHead (fed features); its `start` only allocates its cache
-UPSAMPLER = {"upsample_rows": False}
+UPSAMPLER = {"upsample_rows": False, "upsample_rows_logits": False}
 DOWNSAMPLER = {"downsample": False}
 
 
@@ -50,7 +50,7 @@ def _fed(name: str, args, kwargs) -> int:
     if name == "step":
         features = kwargs["features"] if "features" in kwargs else args[1]
         return int(features.shape[1])
-    if name in ("upsample_rows", "downsample"):
+    if name in ("upsample_rows", "upsample_rows_logits", "downsample"):
         grid = next((kwargs[key] for key in ("ids_low", "ids_high") if key in kwargs), None)
         return int((args[0] if grid is None else grid).numel())
     return 0

@@ -9,7 +9,8 @@ per (model, kind of call) one batched call over the images that asked for it.
 - `step`: one `step` when every image feeds the same positions, else one `step_rows` with each row's own
   positions, padded to the longest; an image that asks nothing of that model this round feeds padding only
   (it idles). Padding writes only the scratch slot, which no real query sees.
-- `upsample_rows` / `downsample` (stateless): one call per group of images with the same arguments' shape.
+- `upsample_rows` / `upsample_rows_logits` / `downsample` (stateless): one call per group of images with the
+  same arguments' shape.
 
 Exactness: each image's decode issues the calls it would issue alone, with its own generator, and each call
 gives its rows what the call alone would (per-row attention masks, the padding unseen), so image b's tokens
@@ -113,6 +114,10 @@ class _Proxy:
     def upsample_rows(self, ids, first_row, cond=None, cond_mask=None):
         caption = {} if cond is None else {"cond": cond, "cond_mask": cond_mask}
         return self._driver.ask(self._image, self._role, "upsample_rows", (ids, first_row, caption))
+
+    def upsample_rows_logits(self, ids, first_row, cond=None, cond_mask=None):
+        caption = {} if cond is None else {"cond": cond, "cond_mask": cond_mask}
+        return self._driver.ask(self._image, self._role, "upsample_rows_logits", (ids, first_row, caption))
 
     def downsample(self, ids):
         return self._driver.ask(self._image, self._role, "downsample", (ids, {}))

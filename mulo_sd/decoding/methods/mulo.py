@@ -3,7 +3,9 @@
 One cycle, until the high-res grid (target, H x W) is full:
 1. draft: the drafter (grid h x w = H/r x W/r, its own slot cache, same condition) samples the next
    `rows_per_cycle` low-res rows (default: all remaining), serially or ZipAR-style (`draft_window`);
-2. up-sample: `upsampler.upsample_rows` turns them into r * rows new high-res rows;
+2. up-sample: `upsampler.upsample_rows` turns them into r * rows new high-res rows (`draft_temperature` > 0:
+   drawn from `upsample_rows_logits` / temperature with the decode's generator instead of their argmax; None:
+   the up-sampler's own `config.draft_temperature`, 0 for one without);
 3. verify: ONE target `step` over the cycle: the token at grid position p is fed at slot p, and draft
    position p is judged by the output at p - 1 (position 0 by `state.first_logits`), processed by
    `process_logits` exactly as plain AR sampling would;
@@ -26,7 +28,8 @@ One cycle, until the high-res grid (target, H x W) is full:
    in the drafter's cache (together with the next draft call, so no extra drafter call).
 
 Interfaces (duck-typed): upsampler.r, .codebook_size, .upsample_rows(ids_low [1, n, w], first_row) ->
-[1, r * (n - first_row), W] (an up-sampler with `conditioned` true also gets `cond=`, `cond_mask=`: the
+[1, r * (n - first_row), W] and, for `draft_temperature` > 0, .upsample_rows_logits (the same rows' logits
+[1, V, r * (n - first_row), W]) (an up-sampler with `conditioned` true also gets `cond=`, `cond_mask=`: the
 caption as the target takes it); downsampler.r, .codebook_size, .downsample(ids_high [1, r * n, W]) ->
 [1, n, w],
 called on the committed complete row groups only, once per cycle that completes new ones and never after the
@@ -83,22 +86,15 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from mulo_sd.decoding.accept import ACCEPT_RULES, accept_pooled, check_neighbour_knobs
+from mulo_sd.decoding.accept import accept_pooled, check_neighbour_knobs
 from mulo_sd.decoding.islands import expand_rejections, find_islands
 from mulo_sd.decoding.methods.grid_fill import NOTHING, OUTDATED, SlotGrid, fill, step_grid
 from mulo_sd.decoding.methods.instrumented import DOWNSAMPLER, UPSAMPLER, Recorded
 from mulo_sd.decoding.methods.lockstep import decode_images
+from mulo_sd.decoding.methods.mulo_checks import check_knobs, check_models, own_draft_temperature
 from mulo_sd.decoding.methods.result import DecodeResult, finish
 from mulo_sd.decoding.sampling import SamplerConfig, image_generators, per_image, process_logits, sample
 from mulo_sd.decoding.stats import DecodeStats
-
-REJECTIONS = ("local", "naive", "raster")
-
-
-def uses_downsampler(rejection: str, rows_per_cycle: int | None) -> bool:
-    """Whether decode_mulo may call the down-sampler: 'raster' discards the drafts after t0 and a
-    rows_per_cycle drafts part of the grid, so the next cycle drafts from down-sampled accepted rows."""
-    return rejection == "raster" or rows_per_cycle is not None
 
 
 @dataclass
@@ -119,6 +115,7 @@ class Knobs:
     refresh_after_resample: bool
     parallel: bool
     drafter_sampler: SamplerConfig
+    draft_temperature: float
 
 
 @torch.inference_mode()
@@ -144,16 +141,15 @@ def decode_mulo(
     refresh_after_resample: bool = False,
     parallel: bool = True,
     drafter_cfg_scale: float | None = None,
+    draft_temperature: float | None = None,
     cond_mask: torch.Tensor | None = None,
     tokenizer=None,
 ) -> DecodeResult:
-    """MuLo-SD decoding of the target's grid (module docstring). `neighbours`: a [V, K >= k] table from
-    neighbours.py. `l` is used by 'local' only ('naive' means l = 0). Windows and rows_per_cycle: None or
-    >= 1."""
-    _check_knobs(
-        rejection, accept_rule, (tau, accept_floor), l, rows_per_cycle, draft_window, island_zipar_window
-    )
-    r = _check_models(target, drafter, upsampler, downsampler, uses_downsampler(rejection, rows_per_cycle))
+    """MuLo-SD decoding of the target's grid (module docstring); `neighbours`: [V, K >= k] (neighbours.py)."""
+    windows = (rows_per_cycle, draft_window, island_zipar_window)
+    draft_temperature = own_draft_temperature(upsampler) if draft_temperature is None else draft_temperature
+    check_knobs(rejection, accept_rule, (tau, accept_floor), l, windows, draft_temperature)
+    r = check_models(target, drafter, upsampler, downsampler, rejection, rows_per_cycle, draft_temperature)
     drafter_sampler = sampler if drafter_cfg_scale is None else replace(sampler, cfg_scale=drafter_cfg_scale)
     check_neighbour_knobs(neighbours, k, target.vocab_size)
     knobs = Knobs(
@@ -171,6 +167,7 @@ def decode_mulo(
         refresh_after_resample=refresh_after_resample,
         parallel=parallel,
         drafter_sampler=drafter_sampler,
+        draft_temperature=draft_temperature,
     )
     generators = image_generators(generator, cond.shape[0])
     models = {"target": target, "drafter": drafter, "upsampler": upsampler, "downsampler": downsampler}
@@ -182,61 +179,6 @@ def decode_mulo(
     images, stats = decode_images(job, models, cond.shape[0], cond.device, per_image(generator))
     tokens = torch.stack(images).view(cond.shape[0], *target.grid_size).to(cond.device)
     return finish(tokens, stats, tokenizer)
-
-
-def _check_knobs(rejection, accept_rule, bars, l, rows_per_cycle, draft_window, island_zipar_window) -> None:
-    """Raise unless the modes are known and the bars (tau, accept_floor), l and the windows lie in their
-    ranges."""
-    if rejection not in REJECTIONS:
-        raise ValueError(f"rejection must be one of {REJECTIONS}, got '{rejection}'")
-    if accept_rule not in ACCEPT_RULES:
-        raise ValueError(f"accept_rule must be one of {ACCEPT_RULES}, got '{accept_rule}'")
-    for name, value in zip(("tau", "accept_floor"), bars, strict=True):
-        if not 0.0 <= value <= 1.0:
-            raise ValueError(f"{name} must lie in [0, 1] (a probability mass threshold), got {value}")
-    if l < 0:
-        raise ValueError(f"l must be >= 0 (the local expansion radius), got {l}")
-    windows = {
-        "rows_per_cycle": rows_per_cycle,
-        "draft_window": draft_window,
-        "island_zipar_window": island_zipar_window,
-    }
-    for name, value in windows.items():
-        if value is not None and value < 1:
-            raise ValueError(f"{name} must be None or >= 1, got {value}")
-
-
-def _check_models(target, drafter, upsampler, downsampler, needs_downsampler: bool) -> int:
-    """Raise unless the models share a vocabulary and one scale r, with a down-sampler where the mode needs
-    one (None: not given); return r."""
-    if downsampler is None and needs_downsampler:
-        raise ValueError(
-            "rejection='raster' and rows_per_cycle draft from down-sampled accepted rows: give a downsampler "
-            "(the default, one cycle with 'local' / 'naive' rejection, needs none)"
-        )
-    samplers = {"upsampler": upsampler, "downsampler": downsampler}
-    samplers = {name: sampler for name, sampler in samplers.items() if sampler is not None}
-    sizes = {
-        "target": target.vocab_size,
-        "drafter": drafter.vocab_size,
-        **{name: sampler.codebook_size for name, sampler in samplers.items()},
-    }
-    if len(set(sizes.values())) != 1:
-        raise ValueError(f"target, drafter, upsampler and downsampler must share one vocabulary, got {sizes}")
-    (height, width), (low_height, low_width) = target.grid_size, drafter.grid_size
-    if height % low_height or width % low_width or height // low_height != width // low_width:
-        raise ValueError(
-            f"target grid {height}x{width} must be the drafter grid {low_height}x{low_width} scaled by one "
-            f"integer r in both directions"
-        )
-    r = height // low_height
-    if any(sampler.r != r for sampler in samplers.values()):
-        scales = " and ".join(f"{name} r={sampler.r}" for name, sampler in samplers.items())
-        raise ValueError(
-            f"{scales} must equal the grid ratio r={r} (target {height}x{width} / drafter "
-            f"{low_height}x{low_width})"
-        )
-    return r
 
 
 class ImageDecode:
@@ -312,7 +254,12 @@ class ImageDecode:
     def upsample(self, first_row: int, last_row: int, start: int, end: int) -> None:
         """Up-sample the new low-res rows; positions [start, end) of their high-res rows become the draft."""
         prefix = self.low.values[: last_row * self.low_width].view(1, last_row, self.low_width)
-        new_rows = self.upsampler.upsample_rows(prefix.to(self.device), first_row, **self.caption)
+        temperature = self.knobs.draft_temperature
+        if temperature > 0:
+            logits = self.upsampler.upsample_rows_logits(prefix.to(self.device), first_row, **self.caption)
+            new_rows = sample((logits.float() / temperature).movedim(1, -1).softmax(-1), self.generator)
+        else:
+            new_rows = self.upsampler.upsample_rows(prefix.to(self.device), first_row, **self.caption)
         new_rows = new_rows.reshape(-1).cpu()
         self.high.values[start:end] = new_rows[start - first_row * self.knobs.r * self.width :]
         self.stats.tokens_drafted += end - start
