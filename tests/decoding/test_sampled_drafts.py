@@ -2,11 +2,17 @@
 with the decode's own generator, so seeded decodes repeat, batched images equal their solo decodes, and a
 vanishing temperature gives back the argmax draft."""
 
+import dataclasses
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from mulo_sd.decoding.methods import decode_mulo
+from mulo_sd.decoding.methods.mulo_checks import own_draft_temperature
 from mulo_sd.decoding.sampling import SamplerConfig
+from mulo_sd.nets.upsampler import Upsampler
+from mulo_sd.pipeline.testbed_models import TESTBED_DIR
 from tests.decoding.test_mulo import EXACT, GREEDY, H, RepeatUpsampler, StridedDownsampler, V, W
 from tests.helpers import tiny_gpt
 
@@ -84,3 +90,22 @@ def test_a_batch_with_sampled_drafts_equals_its_images_decoded_alone(models):
 def test_bad_draft_temperatures(models, temperature, upsampler, message):
     with pytest.raises(ValueError, match=message):
         decode(models, COND[:1], GREEDY, seeded(0), temperature, upsampler)
+
+
+def test_the_default_temperature_is_the_one_shipped_with_the_upsampler():
+    shipped = Upsampler.from_pretrained(TESTBED_DIR / "ablation" / "upsampler_r4_caption")
+    assert (
+        shipped.config.draft_temperature == 0.35
+    )  # chosen on dev prompts (conf/eval/draft_temperature.yaml)
+    assert own_draft_temperature(Upsampler.from_pretrained(TESTBED_DIR / "upsampler_r4")) == 0.0
+    assert own_draft_temperature(LogitUpsampler()) == 0.0  # no config: the argmax
+    with pytest.raises(ValueError, match="UpsamplerConfig.draft_temperature must be >= 0, got -1"):
+        dataclasses.replace(shipped.config, draft_temperature=-1)
+
+
+def test_an_unset_temperature_reads_the_upsamplers_config(models):
+    upsampler = LogitUpsampler()
+    upsampler.config = SimpleNamespace(draft_temperature=0.7)
+    own = decode(models, COND[:1], GREEDY, seeded(0), None, upsampler)
+    assert torch.equal(own.tokens, decode(models, COND[:1], GREEDY, seeded(0), 0.7).tokens)
+    assert not torch.equal(own.tokens, decode(models, COND[:1], GREEDY, seeded(0), 0.0).tokens)
