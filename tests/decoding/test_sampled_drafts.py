@@ -94,9 +94,8 @@ def test_bad_draft_temperatures(models, temperature, upsampler, message):
 
 def test_the_default_temperature_is_the_one_shipped_with_the_upsampler():
     shipped = Upsampler.from_pretrained(TESTBED_DIR / "ablation" / "upsampler_r4_caption")
-    assert (
-        shipped.config.draft_temperature == 0.35
-    )  # chosen on dev prompts (conf/eval/draft_temperature.yaml)
+    # chosen on dev prompts (conf/eval/draft_temperature.yaml)
+    assert shipped.config.draft_temperature == 0.35
     assert own_draft_temperature(Upsampler.from_pretrained(TESTBED_DIR / "upsampler_r4")) == 0.0
     assert own_draft_temperature(LogitUpsampler()) == 0.0  # no config: the argmax
     with pytest.raises(ValueError, match="UpsamplerConfig.draft_temperature must be >= 0, got -1"):

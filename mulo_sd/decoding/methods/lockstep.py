@@ -112,12 +112,14 @@ class _Proxy:
         return self._driver.ask(self._image, self._role, "step", (tokens, positions))
 
     def upsample_rows(self, ids, first_row, cond=None, cond_mask=None):
-        caption = {} if cond is None else {"cond": cond, "cond_mask": cond_mask}
-        return self._driver.ask(self._image, self._role, "upsample_rows", (ids, first_row, caption))
+        return self._upsampler_call("upsample_rows", ids, first_row, cond, cond_mask)
 
     def upsample_rows_logits(self, ids, first_row, cond=None, cond_mask=None):
+        return self._upsampler_call("upsample_rows_logits", ids, first_row, cond, cond_mask)
+
+    def _upsampler_call(self, kind, ids, first_row, cond, cond_mask):
         caption = {} if cond is None else {"cond": cond, "cond_mask": cond_mask}
-        return self._driver.ask(self._image, self._role, "upsample_rows_logits", (ids, first_row, caption))
+        return self._driver.ask(self._image, self._role, kind, (ids, first_row, caption))
 
     def downsample(self, ids):
         return self._driver.ask(self._image, self._role, "downsample", (ids, {}))

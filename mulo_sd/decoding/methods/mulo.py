@@ -257,7 +257,8 @@ class ImageDecode:
         temperature = self.knobs.draft_temperature
         if temperature > 0:
             logits = self.upsampler.upsample_rows_logits(prefix.to(self.device), first_row, **self.caption)
-            new_rows = sample((logits.float() / temperature).movedim(1, -1).softmax(-1), self.generator)
+            probs = process_logits(logits.movedim(1, -1), SamplerConfig(temperature=temperature))
+            new_rows = sample(probs, self.generator)
         else:
             new_rows = self.upsampler.upsample_rows(prefix.to(self.device), first_row, **self.caption)
         new_rows = new_rows.reshape(-1).cpu()
