@@ -20,11 +20,12 @@ Protocol:
   `sceneeval_<kind>` the same for one kind of check (object, count, colour, relation: GenEval's per-task
   scores, mean over the prompts that state that kind) and `fd` = Frechet distance of the run's images to the
   real held-out images of the same prompts, in SceneEval feature space; `texture` = the RMS contrast of the
-  image's luma detail finer than 32 px, percent (mulo_sd/evaluation/texture.py: a run's mean, `texture_ratio`
-  to AR's and `texture_gap` to the real images');
-- paired with AR (mulo_sd/evaluation/paired.py): per (prompt, seed) `d_sceneeval`, `d_nll` and
-  `d_texture`, the difference to AR's decode of the same prompt and seed; a run's summary gives their means
-  and, like the median speedup, a bootstrap interval (`_lo`, `_hi`) over the prompts;
+  image's luma detail finer than 32 px, percent, and `pattern` = the part of it in its 32 strongest
+  frequencies, the regular part (mulo_sd/evaluation/texture.py: a run's means, `<s>_ratio` to AR's and
+  `<s>_gap` to the real images');
+- paired with AR (mulo_sd/evaluation/paired.py): per (prompt, seed) `d_sceneeval`, `d_nll`, `d_texture`
+  and `d_pattern`, the difference to AR's decode of the same prompt and seed; a run's summary gives their
+  means and, like the median speedup, a bootstrap interval (`_lo`, `_hi`) over the prompts;
 - FD ratio (mulo_sd/evaluation/fd_ratio.py): `fd_ratio` = a run's FD over AR's, with a bootstrap interval
   over the prompts on the reported split; the tables show no FD of a run of fewer images than FD needs
   (mulo_sd/evaluation/fd_minimum.py: "n/a (<N images)"; the CSVs keep the numbers);
@@ -58,7 +59,7 @@ from mulo_sd.evaluation.paired import BOOTSTRAP, Bootstrap
 from mulo_sd.evaluation.quality import OTHER_SEEDS, reference_quality, sceneeval_rows, token_nll
 from mulo_sd.evaluation.runs import RunSpec, compiled_reference_run, reference_run
 from mulo_sd.evaluation.summaries import add_fd_ratios, add_ratios, reported_splits, summarize
-from mulo_sd.evaluation.texture import add_texture_columns, real_textures, texture, with_texture
+from mulo_sd.evaluation.texture import add_texture_columns, image_scores, real_textures, with_texture
 from mulo_sd.evaluation.writers import write_outputs
 from mulo_sd.pipeline.decode_entry import decode
 from mulo_sd.pipeline.model_set import Models
@@ -240,7 +241,7 @@ class Sweep:
         }  # fmt: skip
         if self.quality:
             row["nll"] = float(token_nll(self.target, result.tokens, cond, cond_mask)[0])
-            row["texture"] = float(texture(result.image)[0])
+            row |= image_scores(result.image)[0]
         if self.scorer is not None:
             row |= sceneeval_rows(self.scorer, result.image, [prompt.caption])[0]
             self._add_features(run.label, prompt, seed, result.image)

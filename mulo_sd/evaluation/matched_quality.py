@@ -11,9 +11,10 @@ from mulo_sd.evaluation.runs import REFERENCE_METHOD
 MATCHED_COLUMNS = (
     "method", "setting", "sceneeval_dev", "d_sceneeval_dev", "speedup", "speedup_of_medians", "step_ratio",
     "sceneeval", "d_sceneeval", "fd", "fd_ratio", "fd_ar", "texture", "texture_ratio", "d_texture",
-    "texture_gap", "nll", "d_nll",
+    "texture_gap", "pattern", "pattern_ratio", "d_pattern", "pattern_gap", "nll", "d_nll",
 )  # fmt: skip
 MATCH_RULES = ("interval", "tolerance")
+PATTERN_COLUMNS = ("pattern", "pattern_ratio", "d_pattern", "d_pattern_lo", "d_pattern_hi", "pattern_gap")
 
 
 def matched_quality_table(
@@ -109,6 +110,7 @@ def _matched_row(family: str, entry: dict | None) -> dict:
         "texture_ratio": entry.get("texture_ratio"), "d_texture": entry.get("d_texture"),
         "d_texture_lo": entry.get("d_texture_lo"), "d_texture_hi": entry.get("d_texture_hi"),
         "texture_gap": entry.get("texture_gap"), "nll": entry.get("nll_mean"),
+        **{column: entry.get(column) for column in PATTERN_COLUMNS},
         "d_nll": entry.get("d_nll"), "d_nll_lo": entry.get("d_nll_lo"), "d_nll_hi": entry.get("d_nll_hi"),
         MINIMUM: entry.get(MINIMUM), BELOW: entry.get(BELOW),
     }  # fmt: skip

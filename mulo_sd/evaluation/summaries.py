@@ -17,7 +17,7 @@ from mulo_sd.testbed.prompts import Prompt
 from mulo_sd.testbed.scene_checks import BACKGROUND, CHECK_KINDS
 
 # per-decode scores differenced with the reference decode (d_<score>)
-PAIRED = ("sceneeval", "nll", "texture", f"sceneeval_{BACKGROUND}")
+PAIRED = ("sceneeval", "nll", "texture", "pattern", f"sceneeval_{BACKGROUND}")
 
 
 def reported_splits(splits: list[str]) -> list[str]:

@@ -14,15 +14,17 @@ BOUNDS = {
     "speedup_median": "speedup", "speedup": "speedup",
     "speedup_compiled_ar_median": "speedup_compiled_ar", "d_sceneeval": "d_sceneeval", "d_nll": "d_nll",
     "d_sceneeval_dev": "d_sceneeval_dev", "fd_ratio": "fd_ratio", "d_texture": "d_texture",
+    "d_pattern": "d_pattern",
 }  # fmt: skip
 PAIRED_COLUMNS = (
     "label", "images", "speedup_median", "speedup_compiled_ar_median", "step_ratio_median", "acceptance",
     "sceneeval", "d_sceneeval", "nll_mean", "d_nll", "fd", "fd_ratio", "fd_ar", "texture", "texture_ratio",
-    "d_texture", "texture_gap",
+    "d_texture", "texture_gap", "pattern", "pattern_ratio", "d_pattern", "pattern_gap",
 )  # fmt: skip
 ABLATION_COLUMNS = (
     "label", "speedup_median", "sequential_steps_median", "acceptance", "sceneeval", "d_sceneeval", "fd",
-    "fd_ratio", "fd_ar", "texture_ratio", "d_texture", "texture_gap",
+    "fd_ratio", "fd_ar", "texture_ratio", "d_texture", "texture_gap", "pattern_ratio", "d_pattern",
+    "pattern_gap",
 )  # fmt: skip
 INTERVAL_NOTE = (
     "[low, high]: 95% bootstrap interval (percentile; prompts resampled, docs/evaluation.md section 5)"
@@ -61,8 +63,8 @@ def with_intervals(rows: list[dict]) -> list[dict]:
 
 
 def paired_table(summary: list[dict]) -> str:
-    """Every run against the reference: speedup, SceneEval, NLL and texture differences (intervals), FD,
-    FD-to-AR, texture."""
+    """Every run against the reference: speedup, SceneEval, NLL, texture and pattern differences
+    (intervals), FD, FD-to-AR, texture, pattern."""
     return markdown_table(with_intervals(summary), PAIRED_COLUMNS)
 
 

@@ -1,17 +1,19 @@
-"""The noise of the texture statistic (mulo_sd/evaluation/texture.py): AR against AR under other seeds, on the
-testbed's test prompts, paired per prompt as the harness pairs a run with AR (docs/statistics.md section 6).
+"""The noise of the texture statistics (mulo_sd/evaluation/texture.py: `texture` and `pattern`): AR against AR
+under other seeds, on the testbed's test prompts, paired per prompt as the harness pairs a run with AR
+(docs/statistics.md section 6).
 
     python -m mulo_sd.evaluation.texture_noise --prompts 24 64 --seeds 0 1 2 3 --threads 1
 
 AR decodes the first max(--prompts) test prompts once per seed (batch 1, the harness's decode, so seed s
 gives the image a `mulo-eval` AR run decodes at seed s). Per prompt count (a prefix of those prompts) it
-prints the real scenes' and AR's mean `texture` and octave profile, then one row per comparison of two
-disjoint seed sets of AR, paired position by position (seeds (0,) against (1,); (0, 1) against (2, 3), the
-shape of the headline run, conf/eval/headline.yaml): `texture_ratio`, `d_texture` with its bootstrap
-interval (mulo_sd/evaluation/paired.py) and whether that interval excludes 0, which it should about 5% of the
-time for two draws of one method. The comparisons share seeds, so they are not independent; `seed_effect`
-tests for what would make the intervals too narrow, a seed that shifts every prompt's texture at once.
-`--csv` also writes every (prompt, seed)'s texture.
+prints the real scenes' and AR's mean `texture`, `pattern` and octave profile, then, per statistic s, one
+row per comparison of two disjoint seed sets of AR, paired position by position (seeds (0,) against (1,);
+(0, 1) against (2, 3), the shape of the headline run, conf/eval/headline.yaml): `s_ratio`, `d_s` with its
+bootstrap interval (mulo_sd/evaluation/paired.py) and whether that interval excludes 0, which it should
+about 5% of the time for two draws of one method. The comparisons share seeds, so they are not
+independent; `seed_effect` tests for what would make the intervals too narrow, a seed that shifts every
+prompt's statistic at once.
+`--csv` also writes every (prompt, seed)'s statistics.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from tqdm import tqdm
 from mulo_sd.decoding.sampling import SamplerConfig
 from mulo_sd.evaluation.paired import BOOTSTRAP, Bootstrap, interval, per_seed_samples
 from mulo_sd.evaluation.tables import markdown_table
-from mulo_sd.evaluation.texture import OCTAVES, band_shares, mean_texture, texture
+from mulo_sd.evaluation.texture import OCTAVES, SCORES, band_shares, image_scores, texture_summary
 from mulo_sd.evaluation.writers import write_csv
 from mulo_sd.pipeline.decode_entry import decode
 from mulo_sd.pipeline.model_set import TESTBED_DIR
@@ -37,10 +39,12 @@ from mulo_sd.testbed.prompts import evaluation_prompts
 
 TESTBED_CFG_SCALE = 2.0  # the testbed set's sampling default (conf/models/folder.yaml, `sampler`)
 BANDS = ("<= 1/64", "1/64-1/32", "1/32-1/16", "1/16-1/8", "1/8-1/4", "> 1/4")  # OCTAVES' bands, cycles/px
-COMPARISON_COLUMNS = (
-    "reference seeds", "run seeds", "texture_ratio", "d_texture", "d_texture_lo", "d_texture_hi",
-    "excludes 0",
-)  # fmt: skip
+
+
+def comparison_columns(name: str) -> tuple[str, ...]:
+    """The columns of a comparison row of statistic `name` (`compare`)."""
+    return ("reference seeds", "run seeds", f"{name}_ratio", f"d_{name}", f"d_{name}_lo", f"d_{name}_hi",
+            "excludes 0")  # fmt: skip
 
 
 def decode_ar(models, prompts, seeds: list[int], sampler: SamplerConfig, progress: bool = True) -> dict:
@@ -68,20 +72,23 @@ def comparisons(seeds: list[int]) -> list[tuple[tuple[int, ...], tuple[int, ...]
     return pairs + [(first, rest) for first, rest in splits if seeds[0] in first]
 
 
-def compare(values: dict, indices: list[int], reference: tuple, run: tuple, settings: Bootstrap) -> dict:
-    """One comparison row: run seeds against reference seeds, paired position by position on each prompt."""
+def compare(
+    values: dict, indices: list[int], reference: tuple, run: tuple, settings: Bootstrap, name: str = "texture"
+) -> dict:
+    """One comparison row of statistic `name` (values: {(prompt index, seed): its value}): run seeds against
+    reference seeds, paired position by position on each prompt."""
     rows = [
-        {"prompt_index": i, "seed": n, "d_texture": values[i, b] - values[i, a]}
+        {"prompt_index": i, "seed": n, f"d_{name}": values[i, b] - values[i, a]}
         for i in indices
         for n, (a, b) in enumerate(zip(reference, run, strict=True))
     ]
-    samples = per_seed_samples(rows, "d_texture")
+    samples = per_seed_samples(rows, f"d_{name}")
     low, high = interval(samples, np.mean, settings)
     mean = {seeds: np.mean([values[i, s] for i in indices for s in seeds]) for seeds in (reference, run)}
     return {
         "reference seeds": " ".join(map(str, reference)), "run seeds": " ".join(map(str, run)),
-        "texture_ratio": float(mean[run] / mean[reference]),
-        "d_texture": float(np.concatenate(samples).mean()), "d_texture_lo": low, "d_texture_hi": high,
+        f"{name}_ratio": float(mean[run] / mean[reference]),
+        f"d_{name}": float(np.concatenate(samples).mean()), f"d_{name}_lo": low, f"d_{name}_hi": high,
         "excludes 0": "yes" if low is not None and not low <= 0 <= high else "no",
     }  # fmt: skip
 
@@ -89,8 +96,8 @@ def compare(values: dict, indices: list[int], reference: tuple, run: tuple, sett
 def noise_report(
     prompts, images: dict, values: dict, counts: list[int], seeds: list[int], settings: Bootstrap
 ) -> str:
-    """The markdown report of the module docstring; images: {(prompt index, seed): image}, values: their
-    texture."""
+    """The markdown report of the module docstring; images: {(prompt index, seed): image}, values:
+    {statistic of SCORES: {(prompt index, seed): its value}}."""
     sections = []
     for count in counts:
         indices = [p.index for p in prompts[:count]]
@@ -100,19 +107,25 @@ def noise_report(
                 [images[i, s] for i in indices for s in seeds]
             )),
         ]  # fmt: skip
-        rows = [compare(values, indices, a, b, settings) for a, b in comparisons(seeds)]
-        excluded = sum(row["excludes 0"] == "yes" for row in rows)
-        f, p = seed_effect(values, indices, seeds, settings)
         sections.append(
-            f"## {count} test prompts\n\nMean texture and mean power share per band (cycles per pixel):\n\n"
-            f"{markdown_table(means, ('images', 'count', 'texture', *BANDS))}\n\nAR against AR, paired per "
-            f"prompt (d_texture_lo .. d_texture_hi: the {settings.confidence:.0%} percentile-bootstrap "
-            f"interval, prompts resampled with their seeds):\n\n{markdown_table(rows, COMPARISON_COLUMNS)}"
-            f"\n\nThe interval excludes 0 in {excluded} of {len(rows)} comparisons. Seed effect common to "
-            f"the prompts: F = {f:.3g}, permutation p = {p:.3g} ({settings.resamples} permutations of the "
-            f"seeds within each prompt)."
+            f"## {count} test prompts\n\nMean texture, pattern and mean power share per band (cycles per "
+            f"pixel):\n\n{markdown_table(means, ('images', 'count', *SCORES, *BANDS))}"
         )
+        sections += [_comparisons_section(values[name], indices, seeds, settings, name) for name in SCORES]
     return "\n\n".join(sections)
+
+
+def _comparisons_section(values: dict, indices: list[int], seeds: list[int], settings: Bootstrap, name: str):
+    rows = [compare(values, indices, a, b, settings, name) for a, b in comparisons(seeds)]
+    excluded = sum(row["excludes 0"] == "yes" for row in rows)
+    f, p = seed_effect(values, indices, seeds, settings)
+    return (
+        f"### {name}\n\nAR against AR, paired per prompt (d_{name}_lo .. d_{name}_hi: the "
+        f"{settings.confidence:.0%} percentile-bootstrap interval, prompts resampled with their seeds):\n\n"
+        f"{markdown_table(rows, comparison_columns(name))}\n\nThe interval excludes 0 in {excluded} of "
+        f"{len(rows)} comparisons. Seed effect common to the prompts: F = {f:.3g}, permutation p = {p:.3g} "
+        f"({settings.resamples} permutations of the seeds within each prompt)."
+    )
 
 
 def seed_effect(
@@ -134,11 +147,10 @@ def seed_effect(
 
 
 def band_means(label: str, images: torch.Tensor) -> dict:
-    """Mean texture and mean octave profile (band_shares over OCTAVES) of images [B, 3, H, W]."""
+    """Mean texture, pattern and octave profile (band_shares over OCTAVES) of images [B, 3, H, W]."""
     profile = band_shares(images, OCTAVES).mean(0).tolist()
-    return {"images": label, "count": len(images), "texture": mean_texture(images)} | dict(
-        zip(BANDS, profile, strict=True)
-    )
+    means = texture_summary(image_scores(images))
+    return {"images": label, "count": len(images), **means} | dict(zip(BANDS, profile, strict=True))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -167,12 +179,11 @@ def main(argv: list[str] | None = None) -> int:
     prompts = evaluation_prompts(max(args.prompts), image_size=image_size(models), split="test")
     sampler = SamplerConfig(cfg_scale=args.cfg_scale)
     images = decode_ar(models, prompts, args.seeds, sampler, progress=not args.no_progress)
-    values = dict(zip(images, texture(torch.stack(list(images.values()))).tolist(), strict=True))
+    scores = dict(zip(images, image_scores(torch.stack(list(images.values()))), strict=True))
+    values = {name: {key: row[name] for key, row in scores.items()} for name in SCORES}
     if args.csv:
-        write_csv(
-            Path(args.csv), [{"prompt_index": i, "seed": s, "texture": v} for (i, s), v in values.items()]
-        )
-    print(f"# Texture noise: AR against AR\n\nsampler {sampler}\n")
+        write_csv(Path(args.csv), [{"prompt_index": i, "seed": s, **row} for (i, s), row in scores.items()])
+    print(f"# Texture and pattern noise: AR against AR\n\nsampler {sampler}\n")
     settings = Bootstrap(resamples=args.resamples)
     print(noise_report(prompts, images, values, sorted(args.prompts), args.seeds, settings))
     return 0

@@ -28,11 +28,12 @@ SUMMARY_COLUMNS = (
     "sequential_steps_median",
     "step_ratio_median", "target_forwards_mean", "nfe_ratio_median", "acceptance", "nll_mean", "sceneeval",
     "sceneeval_sem", *SCENEEVAL_KINDS, "fd", "fd_ratio", "fd_ar", "texture",
-    "texture_ratio", "d_texture", "texture_gap", "d_sceneeval_background",
+    "texture_ratio", "d_texture", "texture_gap", "pattern", "pattern_ratio", "d_pattern", "pattern_gap",
+    "d_sceneeval_background",
 )  # fmt: skip
 REFERENCE_COLUMNS = (
     "label", "images", "sceneeval", "sceneeval_sem", *SCENEEVAL_KINDS, "fd",
-    "fd_ar", "texture",
+    "fd_ar", "texture", "pattern",
 )  # fmt: skip
 
 
@@ -104,7 +105,8 @@ def summary_markdown(
             f"## References ({reported[0]} prompts)\n\nThe held-out images of the same prompts, their "
             f"tokenizer round trips and, with fd_ar, AR under the other seeds (fd: FD to the real images; "
             f"fd_ar: FD to AR under the other seeds; texture: mean RMS luma contrast of detail finer "
-            f"than 32 px, percent):\n\n{markdown_table(references, REFERENCE_COLUMNS)}"
+            f"than 32 px, percent; pattern: the part of it in the 32 strongest frequencies)"
+            f":\n\n{markdown_table(references, REFERENCE_COLUMNS)}"
         )
     body = "\n\n".join(sections)
     return f"# Evaluation\n\n{header}\n\n{body}\n"

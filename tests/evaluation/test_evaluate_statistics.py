@@ -17,7 +17,7 @@ from mulo_sd.evaluation.paired import Bootstrap
 from mulo_sd.evaluation.runs import RunSpec, expand_runs
 from mulo_sd.evaluation.summaries import add_ratios, summarize
 from mulo_sd.evaluation.tables import ablation_groups
-from mulo_sd.evaluation.texture import mean_texture, texture
+from mulo_sd.evaluation.texture import pattern, texture
 from mulo_sd.nets.upsampler import Upsampler
 from mulo_sd.pipeline.decode_entry import decode
 from mulo_sd.pipeline.run_models import with_folders
@@ -151,40 +151,48 @@ def test_texture_columns_equal_a_hand_computation_on_the_decoded_images(testbed,
     def hand(run, prompt, seed):  # decodes repeat exactly: the image the harness scored
         return decode(run.method, models, [prompt.caption], run.knobs, SamplerConfig(), seed).image
 
-    values = {
-        (r.label, p.index, s): float(texture(hand(r, p, s))[0]) for r in runs for p in prompts for s in seeds
-    }
-    assert {(row["label"], row["prompt_index"], row["seed"]): row["texture"] for row in result.rows} == values
     images, vq = torch.stack([p.image for p in prompts]), models.require("vq")
-    real = mean_texture(images)
-    ar, zipar = result.summary
-    for entry in (ar, zipar):  # rows in decoding order: prompt by prompt, seeds within
-        own = [values[entry["label"], p.index, s] for p in prompts for s in seeds]
-        assert entry["texture"] == sum(own) / len(own) and entry["texture_gap"] == entry["texture"] - real
-    paired = ("texture_ratio", "d_texture", "d_texture_lo", "d_texture_hi")
-    assert [ar[column] for column in paired] == [1.0, 0.0, 0.0, 0.0]
-    assert zipar["texture_ratio"] == zipar["texture"] / ar["texture"]
-    d = np.array(
-        [[values["zipar window=2", p.index, s] - values["ar", p.index, s] for p in prompts] for s in seeds]
-    )
-    assert zipar["d_texture"] == float(d.reshape(-1).mean())  # per_seed_samples: seed by seed
-    direct = bootstrap(
-        (d.mean(0),), np.mean, n_resamples=199, method="percentile", rng=np.random.default_rng(4)
-    )
-    assert zipar["d_texture_lo"] == pytest.approx(direct.confidence_interval.low, abs=1e-12)
-    assert zipar["d_texture_hi"] == pytest.approx(direct.confidence_interval.high, abs=1e-12)
-    references = {entry["label"]: entry["texture"] for entry in result.references}
     round_trip = vq.decode(vq.encode(images)).clamp(-1, 1)
-    other = [float(texture(hand(runs[0], p, 2))[0]) for p in prompts]
-    assert references == {"real images": real, "tokenizer round trip": mean_texture(round_trip),
-                          "AR (other seeds)": sum(other) / len(other)}  # fmt: skip
-    shown = f"{zipar['d_texture']:.4g} [{zipar['d_texture_lo']:.4g}, {zipar['d_texture_hi']:.4g}]"
+    decoded = {(r.label, p.index, s): hand(r, p, s) for r in runs for p in prompts for s in seeds}
     text = (tmp_path / "summary.md").read_text()
-    assert shown in text and text.count("| texture | texture_ratio | d_texture | texture_gap |") == 2
-    assert float(read_csv(tmp_path / "summary.csv")[1]["texture_gap"]) == zipar["texture_gap"]
+    for name, statistic in (("texture", texture), ("pattern", pattern)):
+        values = {key: float(statistic(image)[0]) for key, image in decoded.items()}
+        assert {(row["label"], row["prompt_index"], row["seed"]): row[name] for row in result.rows} == values
+        real = sum(statistic(images).tolist()) / len(images)  # summed as the harness sums
+        ar, zipar = result.summary
+        for entry in (ar, zipar):  # rows in decoding order: prompt by prompt, seeds within
+            own = [values[entry["label"], p.index, s] for p in prompts for s in seeds]
+            assert entry[name] == sum(own) / len(own) and entry[f"{name}_gap"] == entry[name] - real
+        paired = (f"{name}_ratio", f"d_{name}", f"d_{name}_lo", f"d_{name}_hi")
+        assert [ar[column] for column in paired] == [1.0, 0.0, 0.0, 0.0]
+        assert zipar[f"{name}_ratio"] == zipar[name] / ar[name]
+        d = np.array(
+            [
+                [values["zipar window=2", p.index, s] - values["ar", p.index, s] for p in prompts]
+                for s in seeds
+            ]
+        )
+        assert zipar[f"d_{name}"] == float(d.reshape(-1).mean())  # per_seed_samples: seed by seed
+        direct = bootstrap(
+            (d.mean(0),), np.mean, n_resamples=199, method="percentile", rng=np.random.default_rng(4)
+        )
+        assert zipar[f"d_{name}_lo"] == pytest.approx(direct.confidence_interval.low, abs=1e-12)
+        assert zipar[f"d_{name}_hi"] == pytest.approx(direct.confidence_interval.high, abs=1e-12)
+        references = {entry["label"]: entry[name] for entry in result.references}
+        other = [float(statistic(hand(runs[0], p, 2))[0]) for p in prompts]
+        assert references == {
+            "real images": real,
+            "tokenizer round trip": sum(statistic(round_trip).tolist()) / len(images),
+            "AR (other seeds)": sum(other) / len(other),
+        }
+        shown = f"{zipar[f'd_{name}']:.4g} [{zipar[f'd_{name}_lo']:.4g}, {zipar[f'd_{name}_hi']:.4g}]"
+        assert shown in text
+        assert float(read_csv(tmp_path / "summary.csv")[1][f"{name}_gap"]) == zipar[f"{name}_gap"]
+    assert text.count("| texture | texture_ratio | d_texture | texture_gap | pattern | pattern_ratio |") == 2
+    assert 0 < zipar["pattern"] < zipar["texture"]  # the strongest frequencies carry part of the detail
     quick = evaluate(models, runs[:1], prompts[:1], [0], SamplerConfig(), "cpu", tmp_path / "q", warmup=0,
                      quality=False, grid_prompts=0, progress=False)  # fmt: skip
-    assert "texture" not in quick.rows[0] and "texture" not in quick.summary[0]
+    assert not {"texture", "pattern"} & (set(quick.rows[0]) | set(quick.summary[0]))
 
 
 def test_cli_refuses_fd_ar_seeds_shared_with_the_seeds(testbed, tmp_path):

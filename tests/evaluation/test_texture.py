@@ -1,5 +1,5 @@
-"""The texture statistic (mulo_sd/evaluation/texture.py) on constructed images, and its noise report's
-comparisons (mulo_sd/evaluation/texture_noise.py)."""
+"""The texture statistics (mulo_sd/evaluation/texture.py: `texture`, `pattern`) on constructed images, and
+their noise report's comparisons (mulo_sd/evaluation/texture_noise.py)."""
 
 import math
 
@@ -12,13 +12,16 @@ from mulo_sd.evaluation.paired import Bootstrap
 from mulo_sd.evaluation.texture import (
     CUTOFF,
     OCTAVES,
+    PATTERN_BINS,
     add_texture_columns,
     band_shares,
     mean_texture,
+    pattern,
     radial_frequency,
     texture,
 )
 from mulo_sd.evaluation.texture_noise import compare, comparisons, seed_effect
+from mulo_sd.testbed.synthscenes import render
 
 SIZE = 128
 
@@ -90,16 +93,55 @@ def test_the_statistic_ignores_brightness_and_batching_scales_with_contrast_and_
     )
 
 
+def background(kind: str, **parameters) -> torch.Tensor:
+    """[1, 3, 128, 128] in [-1, 1]: a SynthScenes background without objects."""
+    attributes = {"background": {"kind": kind, "colours": [[70, 80, 60], [190, 180, 200]], **parameters}}
+    pixels = np.asarray(render(attributes | {"objects": []}, SIZE), dtype=np.float32)
+    return torch.from_numpy(pixels).permute(2, 0, 1)[None] / 127.5 - 1
+
+
+def blocks(size: int, seed: int) -> torch.Tensor:
+    """A grey image of random dark and light square blocks of `size` px: mottling, no pattern."""
+    cells = torch.randint(0, 2, (SIZE // size, SIZE // size), generator=torch.Generator().manual_seed(seed))
+    return grey(cells.repeat_interleave(size, 0).repeat_interleave(size, 1) * 0.6 - 0.3)
+
+
+def test_pattern_keeps_a_regular_patterns_contrast_and_drops_most_of_mottlings():
+    flat = torch.full((1, 3, SIZE, SIZE), 0.37)
+    assert pattern(flat).item() == pytest.approx(0.0, abs=1e-12)  # float rounding of the mean only
+    wave = 0.5 * sinusoid(5, 12)  # one frequency: the window spreads it over 3 x 3 bins of each sign
+    assert pattern(wave).item() == pytest.approx(texture(wave).item(), rel=1e-9)
+    kept = {}
+    for angle in (0.0, 23.5, 61.0):  # SynthScenes' own stripes and checks, at angles off the FFT grid
+        stripes, checks = (
+            background("striped", angle=angle, period=0.1),
+            background("checkered", angle=angle, cell=0.08),
+        )
+        kept[angle] = (pattern(stripes) / texture(stripes)).item(), (pattern(checks) / texture(checks)).item()
+    assert all(s > 0.93 and c > 0.75 for s, c in kept.values()), kept
+    mottled = torch.cat([blocks(8, seed) for seed in range(8)])
+    assert (pattern(mottled) / texture(mottled)).max().item() < 0.6  # the same contrast, no pattern
+    # contrast-linear and batch-independent as texture; every bin above the cutoff: texture itself
+    assert pattern(0.5 * mottled + 0.2) == pytest.approx(0.5 * pattern(mottled), rel=1e-6)
+    assert torch.equal(pattern(mottled), torch.cat([pattern(image[None]) for image in mottled]))
+    above = int((radial_frequency(SIZE, SIZE) > CUTOFF).sum())
+    assert pattern(mottled, bins=above) == pytest.approx(texture(mottled), rel=1e-12)
+    assert PATTERN_BINS == 32 and (pattern(mottled) <= texture(mottled)).all()
+
+
 def test_run_columns_are_the_ratio_to_the_reference_and_the_gap_to_the_real_images():
     summary = [
-        {"split": "test", "label": "AR", "texture": 0.2},
-        {"split": "test", "label": "X", "texture": 0.1},
-        {"split": "dev", "label": "AR", "texture": 0.0},
-        {"split": "dev", "label": "X", "texture": 0.05},
+        {"split": "test", "label": "AR", "texture": 0.2, "pattern": 0.1},
+        {"split": "test", "label": "X", "texture": 0.1, "pattern": 0.02},
+        {"split": "dev", "label": "AR", "texture": 0.0, "pattern": 0.0},
+        {"split": "dev", "label": "X", "texture": 0.05, "pattern": 0.01},
     ]
-    add_texture_columns(summary, {"test": 0.3, "dev": 0.25}, "AR")
+    real = {"test": {"texture": 0.3, "pattern": 0.25}, "dev": {"texture": 0.25, "pattern": 0.2}}
+    add_texture_columns(summary, real, "AR")
     assert [entry["texture_ratio"] for entry in summary] == [1.0, 0.1 / 0.2, None, None]
     assert [entry["texture_gap"] for entry in summary] == [0.2 - 0.3, 0.1 - 0.3, 0.0 - 0.25, 0.05 - 0.25]
+    assert [entry["pattern_ratio"] for entry in summary] == [1.0, 0.02 / 0.1, None, None]
+    assert [entry["pattern_gap"] for entry in summary] == [0.1 - 0.25, 0.02 - 0.25, 0.0 - 0.2, 0.01 - 0.2]
 
 
 def test_noise_comparisons_pair_disjoint_seed_sets_and_equal_scipy_on_the_differences():
@@ -123,6 +165,8 @@ def test_noise_comparisons_pair_disjoint_seed_sets_and_equal_scipy_on_the_differ
     two = compare(values, list(range(10)), (0, 1), (2, 3), settings)
     pooled = [values[i, b] - values[i, a] for a, b in ((0, 2), (1, 3)) for i in range(10)]
     assert two["d_texture"] == pytest.approx(float(np.mean(pooled)), abs=1e-15)
+    named = compare(values, list(range(10)), (0, 1), (2, 3), settings, name="pattern")
+    assert named == {key.replace("texture", "pattern"): value for key, value in two.items()}
 
 
 def test_the_seed_effect_is_the_paired_t_test_at_two_seeds_and_found_when_a_seed_shifts_every_prompt():
