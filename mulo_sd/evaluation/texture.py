@@ -113,8 +113,10 @@ def texture(images: torch.Tensor, cutoff: float = CUTOFF) -> torch.Tensor:
 
 def pattern(images: torch.Tensor, cutoff: float = CUTOFF, bins: int = PATTERN_BINS) -> torch.Tensor:
     """[B] float64: each image's RMS luma contrast in its `bins` strongest FFT bins above `cutoff`, in
-    percent (module docstring): the regular part of `texture`; images [B, 3, H, W] in [-1, 1]."""
-    strongest = _detail_mean_squares(images, cutoff).topk(bins, dim=1).values  # sorted: a fixed summing order
+    percent (module docstring): the regular part of `texture`; images [B, 3, H, W] in [-1, 1]. An image
+    with no more than `bins` bins (under 6 x 6 px) keeps them all: its pattern is its texture."""
+    mean_squares = _detail_mean_squares(images, cutoff)
+    strongest = mean_squares.topk(min(bins, mean_squares.shape[1]), dim=1).values  # sorted: a fixed sum order
     return 100 * strongest.sum(1).sqrt()
 
 

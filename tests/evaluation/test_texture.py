@@ -127,6 +127,8 @@ def test_pattern_keeps_a_regular_patterns_contrast_and_drops_most_of_mottlings()
     above = int((radial_frequency(SIZE, SIZE) > CUTOFF).sum())
     assert pattern(mottled, bins=above) == pytest.approx(texture(mottled), rel=1e-12)
     assert PATTERN_BINS == 32 and (pattern(mottled) <= texture(mottled)).all()
+    tiny = mottled[:, :, :5, :5]  # 25 bins, fewer than PATTERN_BINS: all of them
+    assert pattern(tiny) == pytest.approx(texture(tiny), rel=1e-12)
 
 
 def test_run_columns_are_the_ratio_to_the_reference_and_the_gap_to_the_real_images():
