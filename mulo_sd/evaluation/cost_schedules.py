@@ -25,7 +25,7 @@ from mulo_sd.testbed.prompts import evaluation_prompts
 TESTBED_SIDE = 16  # the testbed target's grid side
 # the default testbed set's folders that differ from the testbed layout (conf/models/testbed.yaml)
 TESTBED_FOLDERS = {
-    "upsampler_r2": "ablation/upsampler_r2_token_ce_noncausal",
+    "upsampler_r2": "ablation/upsampler_r2_caption",
     "upsampler_r4": "ablation/upsampler_r4_caption",
 }
 TESTBED_ROLES = ("vq", "target", "drafter_r2", "drafter_r4", "drafter_small", "eagle_head")
