@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from mulo_sd.evaluation.fd_minimum import BELOW, MINIMUM
 from mulo_sd.evaluation.runs import REFERENCE_METHOD
+from mulo_sd.evaluation.texture import SCORES
 
 MATCHED_COLUMNS = (
     "method", "setting", "sceneeval_dev", "d_sceneeval_dev", "speedup", "speedup_of_medians", "step_ratio",
@@ -14,7 +15,10 @@ MATCHED_COLUMNS = (
     "texture_gap", "pattern", "pattern_ratio", "d_pattern", "pattern_gap", "nll", "d_nll",
 )  # fmt: skip
 MATCH_RULES = ("interval", "tolerance")
-PATTERN_COLUMNS = ("pattern", "pattern_ratio", "d_pattern", "d_pattern_lo", "d_pattern_hi", "pattern_gap")
+# each texture statistic's summary columns, carried into its row as they are
+TEXTURE_COLUMNS = tuple(
+    column for s in SCORES for column in (s, f"{s}_ratio", f"d_{s}", f"d_{s}_lo", f"d_{s}_hi", f"{s}_gap")
+)
 
 
 def matched_quality_table(
@@ -106,11 +110,8 @@ def _matched_row(family: str, entry: dict | None) -> dict:
         "sceneeval": entry["sceneeval"], "d_sceneeval": entry.get("d_sceneeval"),
         "d_sceneeval_lo": entry.get("d_sceneeval_lo"), "d_sceneeval_hi": entry.get("d_sceneeval_hi"),
         "fd": entry.get("fd"), "fd_ratio": entry.get("fd_ratio"), "fd_ratio_lo": entry.get("fd_ratio_lo"),
-        "fd_ratio_hi": entry.get("fd_ratio_hi"), "fd_ar": entry.get("fd_ar"), "texture": entry.get("texture"),
-        "texture_ratio": entry.get("texture_ratio"), "d_texture": entry.get("d_texture"),
-        "d_texture_lo": entry.get("d_texture_lo"), "d_texture_hi": entry.get("d_texture_hi"),
-        "texture_gap": entry.get("texture_gap"), "nll": entry.get("nll_mean"),
-        **{column: entry.get(column) for column in PATTERN_COLUMNS},
+        "fd_ratio_hi": entry.get("fd_ratio_hi"), "fd_ar": entry.get("fd_ar"),
+        **{column: entry.get(column) for column in TEXTURE_COLUMNS}, "nll": entry.get("nll_mean"),
         "d_nll": entry.get("d_nll"), "d_nll_lo": entry.get("d_nll_lo"), "d_nll_hi": entry.get("d_nll_hi"),
         MINIMUM: entry.get(MINIMUM), BELOW: entry.get(BELOW),
     }  # fmt: skip

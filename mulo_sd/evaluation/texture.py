@@ -30,9 +30,10 @@ percent,
 
 A stripe or check pattern puts its detail in a few frequencies (a stripe's fundamental and harmonics; a
 checkerboard's four fundamental peaks, each spread over a few bins by the window), so it keeps most of its
-`texture` (SynthScenes' clean backgrounds at 128 px: stripes 0.98 of it, checks 0.84), while mottled blocks
-of the same contrast spread theirs over hundreds of frequencies (random 8 px blocks keep 0.49, 16 px blocks
-0.66): the fast settings' blotches read as texture by contrast but not as a pattern, as the eye reads them.
+`texture` (SynthScenes' clean backgrounds at 128 px, tests/evaluation/test_texture.py: stripes 0.99 of it,
+checks 0.87), while mottled blocks of the same contrast spread theirs over hundreds of frequencies (random
+8 px blocks keep 0.44 to 0.54): the fast settings' blotches read as texture by contrast but not as a
+pattern, as the eye reads them.
 
 Per run (the harness), for each statistic s of `SCORES` ("texture", "pattern"): `s` is the mean over its
 images, `s_ratio` that mean over the reference run's (same split), `s_gap` that mean minus the mean over
@@ -105,27 +106,26 @@ def _detail_mean_squares(images: torch.Tensor, cutoff: float) -> torch.Tensor:
     return power.flatten(1) / (height * width * (_hann(height, width) ** 2).sum())
 
 
+def _rms_percent(mean_squares: torch.Tensor) -> torch.Tensor:
+    return 100 * mean_squares.sum(1).sqrt()
+
+
+def _strongest(mean_squares: torch.Tensor, bins: int) -> torch.Tensor:
+    """The `bins` largest of each row (all of a row with fewer), sorted: a fixed summing order."""
+    return mean_squares.topk(min(bins, mean_squares.shape[1]), dim=1).values
+
+
 def texture(images: torch.Tensor, cutoff: float = CUTOFF) -> torch.Tensor:
     """[B] float64: each image's RMS luma contrast above `cutoff` cycles per pixel, in percent (module
     docstring); images [B, 3, H, W] in [-1, 1]."""
-    return 100 * _detail_mean_squares(images, cutoff).sum(1).sqrt()
+    return _rms_percent(_detail_mean_squares(images, cutoff))
 
 
 def pattern(images: torch.Tensor, cutoff: float = CUTOFF, bins: int = PATTERN_BINS) -> torch.Tensor:
     """[B] float64: each image's RMS luma contrast in its `bins` strongest FFT bins above `cutoff`, in
     percent (module docstring): the regular part of `texture`; images [B, 3, H, W] in [-1, 1]. An image
     with no more than `bins` bins (under 6 x 6 px) keeps them all: its pattern is its texture."""
-    mean_squares = _detail_mean_squares(images, cutoff)
-    strongest = mean_squares.topk(min(bins, mean_squares.shape[1]), dim=1).values  # sorted: a fixed sum order
-    return 100 * strongest.sum(1).sqrt()
-
-
-STATISTICS = {"texture": texture, "pattern": pattern}
-
-
-def mean_texture(images: torch.Tensor) -> float:
-    """The mean `texture` of images [B, 3, H, W] (summed in image order, as `texture_summary`)."""
-    return _mean(texture(images).tolist())
+    return _rms_percent(_strongest(_detail_mean_squares(images, cutoff), bins))
 
 
 def _mean(values: list[float]) -> float:
@@ -133,9 +133,17 @@ def _mean(values: list[float]) -> float:
 
 
 def image_scores(images: torch.Tensor) -> list[dict[str, float]]:
-    """Per image of [B, 3, H, W]: {statistic: value} for every statistic of SCORES."""
-    values = {name: STATISTICS[name](images).tolist() for name in SCORES}
-    return [{name: values[name][i] for name in SCORES} for i in range(len(images))]
+    """Per image of [B, 3, H, W]: {statistic: value} for every statistic of SCORES, both read from one FFT
+    of the image (the same numbers as `texture` and `pattern`)."""
+    mean_squares = _detail_mean_squares(images, CUTOFF)
+    textures = _rms_percent(mean_squares).tolist()
+    patterns = _rms_percent(_strongest(mean_squares, PATTERN_BINS)).tolist()
+    return [dict(zip(SCORES, pair, strict=True)) for pair in zip(textures, patterns, strict=True)]
+
+
+def mean_scores(images: torch.Tensor) -> dict[str, float]:
+    """{statistic of SCORES: its mean over images [B, 3, H, W]}, summed in image order (`texture_summary`)."""
+    return texture_summary(image_scores(images))
 
 
 def with_texture(rows: list[dict], images: torch.Tensor) -> list[dict]:
@@ -153,8 +161,7 @@ def real_textures(prompts: list) -> dict[str, dict[str, float]]:
     """Split -> {statistic: the mean over the real images of its prompts} (testbed Prompts)."""
     splits = dict.fromkeys(p.split for p in prompts)
     return {
-        split: texture_summary(image_scores(torch.stack([p.image for p in prompts if p.split == split])))
-        for split in splits
+        split: mean_scores(torch.stack([p.image for p in prompts if p.split == split])) for split in splits
     }
 
 

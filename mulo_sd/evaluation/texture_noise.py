@@ -30,7 +30,7 @@ from tqdm import tqdm
 from mulo_sd.decoding.sampling import SamplerConfig
 from mulo_sd.evaluation.paired import BOOTSTRAP, Bootstrap, interval, per_seed_samples
 from mulo_sd.evaluation.tables import markdown_table
-from mulo_sd.evaluation.texture import OCTAVES, SCORES, band_shares, image_scores, texture_summary
+from mulo_sd.evaluation.texture import OCTAVES, SCORES, band_shares, image_scores, mean_scores
 from mulo_sd.evaluation.writers import write_csv
 from mulo_sd.pipeline.decode_entry import decode
 from mulo_sd.pipeline.model_set import TESTBED_DIR
@@ -149,8 +149,8 @@ def seed_effect(
 def band_means(label: str, images: torch.Tensor) -> dict:
     """Mean texture, pattern and octave profile (band_shares over OCTAVES) of images [B, 3, H, W]."""
     profile = band_shares(images, OCTAVES).mean(0).tolist()
-    means = texture_summary(image_scores(images))
-    return {"images": label, "count": len(images), **means} | dict(zip(BANDS, profile, strict=True))
+    bands = dict(zip(BANDS, profile, strict=True))
+    return {"images": label, "count": len(images), **mean_scores(images)} | bands
 
 
 def build_parser() -> argparse.ArgumentParser:

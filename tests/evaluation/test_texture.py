@@ -15,7 +15,7 @@ from mulo_sd.evaluation.texture import (
     PATTERN_BINS,
     add_texture_columns,
     band_shares,
-    mean_texture,
+    mean_scores,
     pattern,
     radial_frequency,
     texture,
@@ -83,7 +83,8 @@ def test_the_statistic_ignores_brightness_and_batching_scales_with_contrast_and_
     together = texture(images)
     assert torch.equal(together, torch.cat([texture(image[None]) for image in images]))
     assert texture(0.5 * images + 0.2) == pytest.approx(0.5 * together, rel=1e-6)  # float32 inputs
-    assert mean_texture(images) == sum(together.tolist()) / 3
+    assert mean_scores(images)["texture"] == sum(together.tolist()) / 3
+    assert mean_scores(images)["pattern"] == sum(pattern(images).tolist()) / 3
     # colour enters through the luma only: a grey image of the hand-computed luma scores the same
     luma = 0.299 * images[:, 0] + 0.587 * images[:, 1] + 0.114 * images[:, 2]
     assert texture(luma[:, None].expand(-1, 3, -1, -1)) == pytest.approx(together, rel=1e-6)
