@@ -19,17 +19,11 @@ from mulo_sd.nets.gpt_config import GPTConfig
 from mulo_sd.nets.upsampler import UpsamplerConfig
 from mulo_sd.pipeline.decode_entry import decode
 from mulo_sd.pipeline.model_set import ModelSet, load_model_set
-from mulo_sd.pipeline.roles import TESTBED_DIR
+from mulo_sd.pipeline.set_files import set_config
 from mulo_sd.testbed.prompts import evaluation_prompts
 
 TESTBED_SIDE = 16  # the testbed target's grid side
-# the default testbed set's folders that differ from the testbed layout (conf/models/testbed.yaml)
-TESTBED_FOLDERS = {
-    "upsampler_r2": "ablation/upsampler_r2_caption",
-    "upsampler_r4": "ablation/upsampler_r4_caption",
-}
 TESTBED_ROLES = ("vq", "target", "drafter_r2", "drafter_r4", "drafter_small", "eagle_head")
-TESTBED_SAMPLER = SamplerConfig(cfg_scale=2.0)  # conf/models/folder.yaml
 # (label, method, knobs over RECOMMENDED); MuLo-SD's r picks the real set it is predicted for
 METHODS = (
     ("AR", "ar", {}),
@@ -153,10 +147,11 @@ def scale_schedule(method: str, calls: Schedule, s: int, caps: dict[str, int] | 
 
 def testbed_schedules(prompts: int, methods=METHODS) -> dict[str, list[Schedule]]:
     """Method label -> the recorded schedule of each of the first `prompts` test prompts, decoded on the
-    shipped testbed (CPU) one image at a time at RECOMMENDED knobs."""
-    model_set = ModelSet.layout(TESTBED_DIR)
-    for role, folder in TESTBED_FOLDERS.items():
-        model_set.folders[role] = TESTBED_DIR / folder
+    shipped testbed (CPU) one image at a time at RECOMMENDED knobs, with the default set's folders and
+    sampler (conf/models/testbed.yaml)."""
+    testbed = set_config("testbed")
+    model_set = ModelSet.from_config(testbed)
+    sampler = SamplerConfig(**testbed["sampler"])
     rs = sorted({knobs["r"] for _, method, knobs in methods if method == "mulo"})
     roles = [*TESTBED_ROLES, *(f"upsampler_r{r}" for r in rs)]
     models = load_model_set(model_set, roles, "cpu")
@@ -167,7 +162,7 @@ def testbed_schedules(prompts: int, methods=METHODS) -> dict[str, list[Schedule]
             continue
         schedules[label] = []
         for seed, caption in enumerate(captions):
-            result = decode(method, models, [caption], dict(knobs), TESTBED_SAMPLER, seed)
+            result = decode(method, models, [caption], dict(knobs), sampler, seed)
             schedules[label].append(list(result.stats.calls))
     return schedules
 
