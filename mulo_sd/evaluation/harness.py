@@ -237,6 +237,7 @@ class Sweep:
             "family": run.family, "label": run.label, "method": run.method,
             "knobs": json.dumps(run.knobs, sort_keys=True), "split": prompt.split,
             "prompt_index": prompt.index, "prompt": prompt.caption, "seed": seed,
+            "background": prompt.attributes.get("background", {}).get("kind"),
             "device": str(self.device), **result.stats.as_dict(),
         }  # fmt: skip
         if self.quality:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from mulo_sd.evaluation.fd_minimum import without_unsupported_fd
+from mulo_sd.testbed.synthscenes import BACKGROUNDS
 
 # summary / matched column -> the prefix of its interval bounds (<prefix>_lo, <prefix>_hi)
 BOUNDS = {
@@ -15,6 +16,7 @@ BOUNDS = {
     "speedup_compiled_ar_median": "speedup_compiled_ar", "d_sceneeval": "d_sceneeval", "d_nll": "d_nll",
     "d_sceneeval_dev": "d_sceneeval_dev", "fd_ratio": "fd_ratio", "d_texture": "d_texture",
     "d_pattern": "d_pattern",
+    **{f"d_pattern_{kind}": f"d_pattern_{kind}" for kind in BACKGROUNDS},
 }  # fmt: skip
 PAIRED_COLUMNS = (
     "label", "images", "speedup_median", "speedup_compiled_ar_median", "step_ratio_median", "acceptance",
@@ -25,6 +27,11 @@ ABLATION_COLUMNS = (
     "label", "speedup_median", "sequential_steps_median", "acceptance", "sceneeval", "d_sceneeval", "fd",
     "fd_ratio", "fd_ar", "texture_ratio", "d_texture", "texture_gap", "pattern_ratio", "d_pattern",
     "pattern_gap",
+)  # fmt: skip
+# per background kind of the caption (summaries.background_kind_summary)
+KIND_COLUMNS = (
+    "label", "pattern", "d_pattern",
+    *(f"{name}_{kind}" for kind in BACKGROUNDS for name in ("pattern", "d_pattern", "background")),
 )  # fmt: skip
 INTERVAL_NOTE = (
     "[low, high]: 95% bootstrap interval (percentile; prompts resampled, docs/evaluation.md section 5)"
@@ -66,6 +73,12 @@ def paired_table(summary: list[dict]) -> str:
     """Every run against the reference: speedup, SceneEval, NLL, texture and pattern differences
     (intervals), FD, FD-to-AR, texture, pattern."""
     return markdown_table(with_intervals(summary), PAIRED_COLUMNS)
+
+
+def background_kind_table(summary: list[dict]) -> str:
+    """Every run's pattern and its difference to the reference per background kind (intervals), beside the
+    kind's background accuracy."""
+    return markdown_table(with_intervals(summary), KIND_COLUMNS)
 
 
 def ablation_groups(runs: list) -> dict[str, list[str]]:

@@ -15,12 +15,14 @@ from mulo_sd.evaluation.tables import (
     INTERVAL_NOTE,
     ablation_groups,
     ablation_tables,
+    background_kind_table,
     markdown_table,
     paired_table,
     plot_ablations,
 )
 from mulo_sd.testbed.prompts import Prompt
 from mulo_sd.testbed.scene_checks import BACKGROUND, CHECK_KINDS
+from mulo_sd.testbed.synthscenes import BACKGROUNDS
 
 SCENEEVAL_KINDS = tuple(f"sceneeval_{kind}" for kind in (*CHECK_KINDS, BACKGROUND))
 SUMMARY_COLUMNS = (
@@ -95,6 +97,13 @@ def summary_markdown(
         f"## Against {reference} ({reported[0]} prompts)\n\nPaired per (prompt, seed) with "
         f"'{reference}'; {INTERVAL_NOTE}.\n\n{paired_table(shown_entries)}"
     )
+    if any(f"d_pattern_{kind}" in entry for entry in shown_entries for kind in BACKGROUNDS):
+        sections.append(
+            f"## Pattern by background kind ({reported[0]} prompts)\n\nThe mean pattern over all images lets "
+            f"blotches over gradients offset stripes lost; per kind of background the caption names, each "
+            f"run's pattern, its paired difference to '{reference}' and the kind's background accuracy; "
+            f"{INTERVAL_NOTE}.\n\n{background_kind_table(shown_entries)}"
+        )
     if groups:
         sections.append(
             f"## Ablations ({reported[0]} prompts)\n\n{INTERVAL_NOTE}.\n\n"

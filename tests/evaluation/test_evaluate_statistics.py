@@ -189,6 +189,10 @@ def test_texture_columns_equal_a_hand_computation_on_the_decoded_images(testbed,
         assert shown in text
         assert float(read_csv(tmp_path / "summary.csv")[1][f"{name}_gap"]) == zipar[f"{name}_gap"]
     assert text.count("| texture | texture_ratio | d_texture | texture_gap | pattern | pattern_ratio |") == 2
+    assert [row["background"] for row in result.rows[: len(seeds) * 3 : len(seeds)]] == [
+        p.attributes["background"]["kind"] for p in prompts
+    ]
+    assert "## Pattern by background kind (test prompts)" in text
     assert 0 < zipar["pattern"] < zipar["texture"]  # the strongest frequencies carry part of the detail
     quick = evaluate(models, runs[:1], prompts[:1], [0], SamplerConfig(), "cpu", tmp_path / "q", warmup=0,
                      quality=False, grid_prompts=0, progress=False)  # fmt: skip
