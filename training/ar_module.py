@@ -26,8 +26,9 @@ from mulo_sd.training.optim import adamw_cosine, clip_by_norm
 from mulo_sd.training.sample_grid import labelled_grid
 from omegaconf import DictConfig, OmegaConf
 
-from mulo_sd.decoding.methods import decode_ar
+from mulo_sd.decoding.methods import decode_ar, decode_zipar
 from mulo_sd.decoding.sampling import SamplerConfig
+from mulo_sd.nets.fill_order import fill_order
 from mulo_sd.nets.gpt import GPT
 from mulo_sd.nets.gpt_config import GPTConfig
 from mulo_sd.nets.vq import VQModel
@@ -111,6 +112,7 @@ class ARLightning(L.LightningModule):
         tokenizer: str | None = None,
         samples: DictConfig | None = None,
         init_from: str | None = None,
+        fill_window: int | None = None,
     ):
         """gpt: GPTConfig fields. token_key: the batch's grid, e.g. "tok16". optim: lr, betas, weight_decay,
         warmup_steps, total_steps, min_lr_ratio, grad_clip. loss: label_smoothing. ema: decay of an
@@ -120,7 +122,8 @@ class ARLightning(L.LightningModule):
         images sampled at each validation end (needs `tokenizer`), or None. init_from: a GPT folder whose
         weights start the training (fine-tuning, or a changed architecture); parameters it lacks keep their
         fresh init and are logged, a GPT with a multiple of its blocks gets them stacked (`stack_layers`),
-        anything else that differs is an error."""
+        anything else that differs is an error. fill_window: teach the grid in the order a ZipAR-style fill
+        at this window samples it (mulo_sd/nets/fill_order.py: a drafter for `draft_window`), None: raster."""
         super().__init__()
         self.save_hyperparameters()
         gpt, optim, loss, samples = (config_node(c) for c in (gpt, optim, loss, samples))
@@ -133,6 +136,8 @@ class ARLightning(L.LightningModule):
         if samples is not None and tokenizer is None:
             raise ValueError("samples are decoded to images: set a tokenizer folder, or samples=null")
         self.gpt = GPT(config)
+        self.fill_window = fill_window
+        self.fill_order = None if fill_window is None else fill_order(*config.grid_size, fill_window)
         if init_from is not None:
             self.initialise_from(init_from)
         self.ema_gpt = copy.deepcopy(self.gpt).requires_grad_(False) if ema is not None else None
@@ -187,7 +192,10 @@ class ARLightning(L.LightningModule):
 
     def next_token_logits(self, gpt: GPT, grid: torch.Tensor, words: torch.Tensor, drop=None) -> torch.Tensor:
         """Teacher-forced logits laid out [B, V, h, w] like the grid (what the token losses take)."""
-        logits = gpt(grid.flatten(1), words, drop=drop)
+        if self.fill_order is None:
+            logits = gpt(grid.flatten(1), words, drop=drop)
+        else:
+            logits = gpt.forward_in_order(grid.flatten(1), words, self.fill_order, drop=drop)
         return logits.unflatten(1, grid.shape[1:]).permute(0, 3, 1, 2)
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
@@ -259,9 +267,15 @@ class ARLightning(L.LightningModule):
         vq = VQModel.from_pretrained(self.tokenizer, self.device)
         words = torch.stack([encode_caption(text, MAX_CAPTION_WORDS) for text in captions]).to(self.device)
         generator = torch.Generator(self.device).manual_seed(seed)
-        sampled = decode_ar(self.eval_gpt, words, SamplerConfig(**settings), generator, tokenizer=vq).image
+        sampler, labels = SamplerConfig(**settings), list(SAMPLE_ROWS)
+        if self.fill_window is None:
+            sampled = decode_ar(self.eval_gpt, words, sampler, generator, tokenizer=vq).image
+        else:  # sampled in the order it is taught
+            window = self.fill_window
+            sampled = decode_zipar(self.eval_gpt, words, sampler, generator, window, tokenizer=vq).image
+            labels[1] = f"ZipAR samples (window {self.fill_window}), same captions"
         rows = [images.float().add(1).div(2).clamp(0, 1) for images in (vq.decode(grids), sampled)]
-        grid = labelled_grid(rows, SAMPLE_ROWS)
+        grid = labelled_grid(rows, labels)
         path = folder / f"step{self.global_step:06d}.png"
         folder.mkdir(parents=True, exist_ok=True)
         torchvision.utils.save_image(grid, path)

@@ -22,7 +22,8 @@ the official training code.
 
 Decoding: `start(cond, cfg_scale)` runs the prefix into a fresh `DecodeState`; `step(state, tokens,
 positions)` writes tokens at grid positions and returns the guided next-token logits (slot_cache.py);
-`step_tree` verifies a draft tree in one call (EAGLE-2, docs/eagle2.md).
+`step_tree` verifies a draft tree in one call (EAGLE-2, docs/eagle2.md). Training: `forward` teacher-forces
+raster order, `forward_in_order` the order a ZipAR-style fill samples (fill_order.py).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from mulo_sd.nets.fill_order import FillOrder
 from mulo_sd.nets.gpt_config import GPTConfig
 from mulo_sd.nets.io import Pretrained
 from mulo_sd.nets.slot_cache import DecodeState, check_row_step, check_step, check_tree, visible_slots
@@ -175,6 +177,37 @@ class GPT(nn.Module, Pretrained):
             grid_written = torch.ones(batch, tokens.shape[1] - 1, dtype=torch.bool, device=x.device)
             mask = visible_slots(torch.cat([cond_mask, grid_written], dim=1), slots)
         return self._hidden(x, slots, mask)[:, c.cond_len - 1 :]
+
+    def forward_in_order(
+        self,
+        tokens: torch.Tensor,
+        cond: torch.Tensor,
+        order: FillOrder,
+        cond_mask: torch.Tensor | None = None,
+        drop: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """`forward` for full grids [B, h*w] in the order a ZipAR-style fill samples them (fill_order.py):
+        logits [B, T, V], logits[:, t] the distribution the fill draws token t from."""
+        c = self.config
+        cond, cond_mask = self._check_cond(cond, cond_mask)
+        batch, slots_in_prefix = cond.shape[0], c.cond_len
+        if tuple(tokens.shape) != (batch, c.num_tokens) or tokens.is_floating_point():
+            raise ValueError(
+                f"tokens must be integer ids [B={batch}, {c.num_tokens}], got {list(tokens.shape)}"
+            )
+        _check_range(tokens, c.vocab_size, "tokens")
+        if drop is None and self.training and c.class_dropout_prob > 0:
+            drop = torch.rand(batch, device=tokens.device) < c.class_dropout_prob
+        order = order.to(tokens.device)
+        fed = self.tok_embeddings(tokens[:, order.inputs])
+        x = torch.cat([self._embed_condition(cond, drop), fed], dim=1)
+        slots = torch.cat([torch.arange(slots_in_prefix, device=x.device), slots_in_prefix + order.positions])
+        if cond_mask is None:
+            cond_mask = torch.ones(batch, slots_in_prefix, dtype=torch.bool, device=x.device)
+        hidden = self._hidden(x, slots, order.attention_mask(cond_mask))
+        first = order.predictors.new_tensor([slots_in_prefix - 1])
+        picks = torch.cat([first, slots_in_prefix + order.predictors])
+        return self._logits(hidden[:, picks])
 
     # ---- slot-cache decoding ----------------------------------------------------------------------
 

@@ -8,7 +8,9 @@ from mulo_sd.training.ar_module import ARLightning
 from mulo_sd.training.train import run
 from omegaconf import OmegaConf
 
+from mulo_sd.nets.fill_order import fill_order
 from mulo_sd.nets.gpt import GPT
+from mulo_sd.nets.gpt_config import GPTConfig
 from mulo_sd.testbed.captions import MAX_CAPTION_WORDS, VOCAB, encode_caption
 from tests.data.test_pretokenize import tiny_vq
 from tests.helpers import compose_train_config
@@ -73,6 +75,27 @@ def test_drafter_experiment_reads_its_own_grid(tmp_path, vq_folder):
     cfg = compose_train_config(tmp_path, tiny_run_overrides(vq_folder, "testbed/drafter_r4"))
     assert cfg.model.token_key == "tok4" and list(cfg.model.gpt.grid_size) == [4, 4]
     assert math.isfinite(run(cfg)["val/loss"])
+
+
+def test_fill_order_drafter_trains_on_the_in_order_logits_and_samples_in_that_order(tmp_path, vq_folder):
+    start = tmp_path / "start"  # the experiment fine-tunes the raster-taught drafter: a tiny one here
+    cfg = compose_train_config(tmp_path, tiny_run_overrides(vq_folder, "testbed/drafter_r4_fill1"))
+    GPT(GPTConfig(**OmegaConf.to_container(cfg.model.gpt))).save_pretrained(start)
+    cfg.model.init_from = str(start)
+    assert cfg.model.fill_window == 1 and cfg.model.token_key == "tok4"
+    assert math.isfinite(run(cfg)["val/loss"])
+    assert (tmp_path / "run" / "csv" / "samples" / "step000003.png").is_file()  # sampled ZipAR-style
+    checkpoint = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    module = ARLightning.load_from_checkpoint(checkpoint, weights_only=True)
+    grid, words = torch.randint(0, 64, (2, 4, 4)), torch.stack([encode_caption("a red circle")] * 2)
+    keep = torch.zeros(2, dtype=torch.bool)
+    logits = module.next_token_logits(module.gpt, grid, words, drop=keep)
+    in_order = module.gpt.forward_in_order(grid.flatten(1), words, fill_order(4, 4, 1), drop=keep)
+    assert torch.equal(logits, in_order.unflatten(1, (4, 4)).permute(0, 3, 1, 2))
+    assert not torch.allclose(logits, module.next_token_logits(make_module().gpt, grid, words, drop=keep))
+    with pytest.raises(ValueError, match="window must be a positive integer or None"):
+        cfg = OmegaConf.create(module_config())
+        ARLightning(cfg.gpt, cfg.token_key, cfg.optim, cfg.loss, fill_window=0)
 
 
 def test_vocab_must_equal_the_tokenizer_codebook(tmp_path, vq_folder):
