@@ -141,18 +141,21 @@ def _paired_summary(runs: list[dict], score: str, bootstrap: Bootstrap) -> dict:
 
 
 def background_kind_summary(runs: list[dict], bootstrap: Bootstrap) -> dict:
-    """Per background kind the caption names (BACKGROUNDS): the run's mean pattern, its paired difference
-    to the reference d_pattern_<kind> with its interval over that kind's prompts, and the background
-    accuracy. The mean over all images lets blotches drawn over gradients (more pattern than AR) offset
-    stripes lost (less), which the eye does not; per kind both show (docs/statistics.md section 6)."""
+    """Per background kind the caption names (BACKGROUNDS): the run's mean pattern and texture, their paired
+    differences to the reference d_pattern_<kind> and d_texture_<kind> with intervals over that kind's
+    prompts, and the background accuracy. The mean over all images lets blotches drawn over gradients (more
+    texture and pattern than AR) offset stripes lost (less), which the eye does not; per kind both show
+    (docs/statistics.md section 6)."""
     entry = {}
     for kind in BACKGROUNDS:
         rows = [row for row in runs if row["background"] == kind]
         if not rows:
             continue
-        entry[f"pattern_{kind}"] = _mean([row["pattern"] for row in rows])
-        paired = _paired_summary(rows, "pattern", bootstrap)
-        entry |= {f"d_pattern_{kind}{end}": paired[f"d_pattern{end}"] for end in ("", "_lo", "_hi")}
+        for statistic in ("pattern", "texture"):
+            entry[f"{statistic}_{kind}"] = _mean([row[statistic] for row in rows])
+            paired = _paired_summary(rows, statistic, bootstrap)
+            for end in ("", "_lo", "_hi"):
+                entry[f"d_{statistic}_{kind}{end}"] = paired[f"d_{statistic}{end}"]
         if "sceneeval_background" in rows[0]:
             entry[f"background_{kind}"] = _mean([row["sceneeval_background"] for row in rows])
     return entry

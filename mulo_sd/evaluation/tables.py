@@ -16,7 +16,7 @@ BOUNDS = {
     "speedup_compiled_ar_median": "speedup_compiled_ar", "d_sceneeval": "d_sceneeval", "d_nll": "d_nll",
     "d_sceneeval_dev": "d_sceneeval_dev", "fd_ratio": "fd_ratio", "d_texture": "d_texture",
     "d_pattern": "d_pattern",
-    **{f"d_pattern_{kind}": f"d_pattern_{kind}" for kind in BACKGROUNDS},
+    **{f"d_{name}_{kind}": f"d_{name}_{kind}" for kind in BACKGROUNDS for name in ("pattern", "texture")},
 }  # fmt: skip
 PAIRED_COLUMNS = (
     "label", "images", "speedup_median", "speedup_compiled_ar_median", "step_ratio_median", "acceptance",
@@ -31,7 +31,8 @@ ABLATION_COLUMNS = (
 # per background kind of the caption (summaries.background_kind_summary)
 KIND_COLUMNS = (
     "label", "pattern", "d_pattern",
-    *(f"{name}_{kind}" for kind in BACKGROUNDS for name in ("pattern", "d_pattern", "background")),
+    *(f"{name}_{kind}" for kind in BACKGROUNDS
+      for name in ("pattern", "d_pattern", "d_texture", "background")),
 )  # fmt: skip
 INTERVAL_NOTE = (
     "[low, high]: 95% bootstrap interval (percentile; prompts resampled, docs/evaluation.md section 5)"
@@ -76,8 +77,8 @@ def paired_table(summary: list[dict]) -> str:
 
 
 def background_kind_table(summary: list[dict]) -> str:
-    """Every run's pattern and its difference to the reference per background kind (intervals), beside the
-    kind's background accuracy."""
+    """Every run's pattern, its and the texture's differences to the reference per background kind
+    (intervals), beside the kind's background accuracy."""
     return markdown_table(with_intervals(summary), KIND_COLUMNS)
 
 

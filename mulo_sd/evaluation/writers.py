@@ -99,9 +99,10 @@ def summary_markdown(
     )
     if any(f"d_pattern_{kind}" in entry for entry in shown_entries for kind in BACKGROUNDS):
         sections.append(
-            f"## Pattern by background kind ({reported[0]} prompts)\n\nThe mean pattern over all images lets "
+            f"## Pattern by background kind ({reported[0]} prompts)\n\nThe means over all images let "
             f"blotches over gradients offset stripes lost; per kind of background the caption names, each "
-            f"run's pattern, its paired difference to '{reference}' and the kind's background accuracy; "
+            f"run's pattern, its and the texture's paired differences to '{reference}' and the kind's "
+            f"background accuracy; "
             f"{INTERVAL_NOTE}.\n\n{background_kind_table(shown_entries)}"
         )
     if groups:

@@ -1,4 +1,5 @@
-"""Pattern per background kind: the summary's per-kind means, paired differences, intervals and table."""
+"""Pattern and texture per background kind: the summary's per-kind means, paired differences, intervals and
+table."""
 
 import numpy as np
 import pytest
@@ -36,17 +37,21 @@ def test_a_run_that_loses_stripes_and_blotches_gradients_shows_both_per_kind():
         d = x[mine] - ar[mine]
         assert entry[f"d_pattern_{kind}"] == pytest.approx(d.mean())
         assert entry[f"pattern_{kind}"] == pytest.approx(x[mine].mean())
+        assert entry[f"texture_{kind}"] == pytest.approx(2 * x[mine].mean())
+        assert entry[f"d_texture_{kind}"] == pytest.approx(2 * d.mean())
         assert entry[f"background_{kind}"] == pytest.approx(np.mean(x[mine] > 3))
         direct = bootstrap((d,), np.mean, n_resamples=999, method="percentile", rng=np.random.default_rng(2))
         assert (entry[f"d_pattern_{kind}_lo"], entry[f"d_pattern_{kind}_hi"]) == pytest.approx(
             (direct.confidence_interval.low, direct.confidence_interval.high), abs=1e-12
         )
         assert sign * entry[f"d_pattern_{kind}_lo"] > 1.5 and sign * entry[f"d_pattern_{kind}_hi"] > 1.5
+        assert sign * entry[f"d_texture_{kind}_lo"] > 3.0 and sign * entry[f"d_texture_{kind}_hi"] > 3.0
         assert base[f"d_pattern_{kind}"] == 0.0
     assert "d_pattern_checkered" not in entry  # no caption names it
     table = background_kind_table([base, entry])
     shown = f"{entry['d_pattern_striped']:.4g} [{entry['d_pattern_striped_lo']:.4g}, "
     assert shown in table and "| d_pattern_gradient |" in table and "checkered" not in table
+    assert f"{entry['d_texture_gradient']:.4g} [{entry['d_texture_gradient_lo']:.4g}, " in table
 
 
 def test_rows_without_a_background_kind_get_no_kind_columns():
