@@ -71,8 +71,9 @@ SR_PURPOSE = "knobs.pixel_mode=sr enlarges with the set's super-resolution netwo
 LANTERN_DRAFTER = "LANTERN drafts with a smaller model at the target's resolution"
 EAGLE_HEAD = "EAGLE-2 drafts with a feature-level head trained for the target"
 DOWNSAMPLER = (
-    "MuLo-SD with rejection=raster or a rows_per_cycle drafts from down-sampled accepted rows; the default "
-    "(local rejection, one cycle) needs none, and downsampler=pixel needs no trained one"
+    "MuLo-SD with rejection=raster or a rows_per_cycle (the testbed set's default: 4) drafts from "
+    "down-sampled accepted rows; local rejection in one cycle (rows_per_cycle=null) needs none, and "
+    "downsampler=pixel needs no trained one"
 )
 # role -> why a decode needs it, for the error when a set lacks it
 PURPOSES = {

@@ -34,11 +34,11 @@ caption as the target takes it); downsampler.r, .codebook_size, .downsample(ids_
 [1, n, w],
 called on the committed complete row groups only, once per cycle that completes new ones and never after the
 last cycle. Only a cycle that ends before the grid is full calls it (`uses_downsampler`: rejection='raster'
-or a `rows_per_cycle`); the default, one cycle over the whole grid with 'local' / 'naive' rejection, never
-does and takes `downsampler=None`. The drafter samples with the same SamplerConfig as the target (guidance
-included), or under its own guidance scale `drafter_cfg_scale`: a stronger one draws more of the caption's
-objects into the draft, at the cost of backgrounds further from the scenes (docs/testbed.md, "Drafter
-guidance").
+or a `rows_per_cycle`, e.g. the testbed set's 4); this function's default, one cycle over the whole grid with
+'local' / 'naive' rejection, never does and takes `downsampler=None`. The drafter samples with the same
+SamplerConfig as the target (guidance included), or under its own guidance scale `drafter_cfg_scale`: a
+stronger one draws more of the caption's objects into the draft, at the cost of backgrounds further from the
+scenes (docs/testbed.md, "Drafter guidance").
 
 Project decisions:
 - raster, partially committed rows: the drafter's prefix is the low-res rows whose r high-res rows are all
