@@ -274,7 +274,7 @@ def test_decode_cli_runs_the_committed_testbed_without_knobs(method, tmp_path):
     assert Image.open(out).size == (128, 128)
     assert stats["tokens_accepted"] + stats["tokens_resampled"] == 256  # every position exactly once
     assert stats["drafter_forwards"] > 1 and stats["tokens_accepted"] > 0
-    if method == "mulo":  # the set's two cycles of 4 low-res rows, each a ZipAR window-1 diagonal of 4 + 7 calls
+    if method == "mulo":  # the set's two cycles of 4 low-res rows, each a window-1 diagonal of 4 + 7 calls
         assert stats["upsampler_calls"] == stats["cycles"] == 2 and stats["downsampler_calls"] == 1
         assert stats["drafter_forwards"] == 2 * (4 + 7)  # the first cycle's first call is the drafter's start
 
