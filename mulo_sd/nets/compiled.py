@@ -8,7 +8,11 @@ static shape. `compiled(model, device_type)` wraps a GPT: every attribute passes
   compiled with fullgraph=True (no graph breaks) and dynamic=False. To keep the shapes to a few, the fed
   entries n are padded up to the next power of two (`bucket`) with entries at the padding slot of
   `step_rows` (the state's first tree slot: nothing a real query sees), so each (kind of step, bucket,
-  batch, model shape) compiles once and the real entries' logits are those of the eager step;
+  batch, model shape) compiles once and the real entries' logits are those of the eager step. A `step`
+  whose padding would compute more than SPLIT_WASTE unused entries runs instead as power-of-two chunks in
+  slot order (`chunks`): MuLo-SD's second verification feeds 128 drafts plus one outdated slot, which
+  padding would run as 256. Chunking is exact because a query sees only slots at or below its own, so every
+  query of a chunk finds the lower chunks' K/V already written, as in one call;
 - `start` runs eagerly (once per decode) and gives the state that padding slot (`add_tree_slots(1)`); with
   `every_width` it also compiles, the first time it meets a state shape (model, batch, guidance), the step
   graph of every bucket width up to the grid, so that no later decode compiles one inside a timed loop
@@ -64,6 +68,22 @@ def cache_forward(model: GPT, tokens, slots, mask, keys, values) -> torch.Tensor
 def bucket(n: int) -> int:
     """The padded width of a step feeding n entries: the next power of two."""
     return 1 << (n - 1).bit_length()
+
+
+# A `step` whose padding to `bucket` would compute more than this many unused entries is fed in chunks
+# instead; one more compiled call costs about as much as 10-20 entries of the testbed's target on a CPU
+SPLIT_WASTE = 32
+
+
+def chunks(n: int) -> list[int]:
+    """The entry counts a compiled `step` of n entries runs as, in slot order: n itself (padded to its bucket)
+    unless that pads more than SPLIT_WASTE entries; then the largest power of two below n, and the rest
+    likewise (129 -> [128, 1])."""
+    sizes = []
+    while bucket(n) - n > SPLIT_WASTE:
+        sizes.append(bucket(n) // 2)
+        n -= sizes[-1]
+    return [*sizes, n]
 
 
 def compiled(model: GPT, device_type: str, every_width: bool = False) -> CompiledGPT:
@@ -136,7 +156,13 @@ class CompiledGPT:
         c = self._wrapped._config_of(state)
         slots = check_step(state, tokens, positions, c.num_tokens, c.vocab_size)
         state.mark_written(slots)
-        return self._run(state, tokens, slots)
+        sizes = chunks(tokens.shape[1])
+        if len(sizes) == 1:
+            return self._run(state, tokens, slots)
+        order = slots.argsort()
+        parts = zip(tokens.to(slots.device)[:, order].split(sizes, 1), slots[order].split(sizes), strict=True)
+        logits = torch.cat([self._run(state, *part) for part in parts], 1)
+        return logits[:, order.argsort()]
 
     @torch.inference_mode()
     def step_rows(self, state: DecodeState, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

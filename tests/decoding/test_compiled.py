@@ -7,7 +7,8 @@ import torch
 
 from mulo_sd.decoding.sampling import SamplerConfig
 from mulo_sd.evaluation.runs import expand_runs, reference_run
-from mulo_sd.nets.compiled import bucket, cache_forward, compiled
+from mulo_sd.nets import compiled as compiled_module
+from mulo_sd.nets.compiled import bucket, cache_forward, chunks, compiled
 from mulo_sd.nets.slot_cache import PADDING
 from tests.decoding.dispatch import decode_method
 from tests.decoding.test_eagle2 import tiny_head
@@ -36,6 +37,33 @@ def compiled_models(models):
 
 def test_bucket_is_the_next_power_of_two():
     assert [bucket(n) for n in (1, 2, 3, 4, 5, 9, 64, 65)] == [1, 2, 4, 4, 8, 16, 64, 128]
+
+
+def test_a_step_that_would_pad_too_many_entries_runs_in_power_of_two_chunks():
+    # MuLo-SD's second verification on the testbed: 128 drafts and one outdated slot
+    assert chunks(129) == [128, 1]
+    assert chunks(80) == [64, 16]
+    assert [chunks(n) for n in (1, 3, 100, 255, 256)] == [[1], [3], [100], [255], [256]]
+
+
+def test_chunked_steps_give_the_eager_logits(monkeypatch):
+    # every width that is not a power of two split (3 -> 2 + 1), the positions fed out of order: each query
+    # must still see the K/V of every fed entry at or below its slot, as in one call
+    monkeypatch.setattr(compiled_module, "SPLIT_WASTE", 0)
+    model = tiny_gpt((4, 4), 16, 0, n_layer=2)
+    fast = compiled(model, "cpu")
+    eager_state, state = model.start(PROMPTS, 2.0), fast.start(PROMPTS, 2.0)
+    run, fed = fast._run, []
+    fast._run = lambda state, tokens, slots: fed.append(slots.tolist()) or run(state, tokens, slots)
+    for tokens, positions in ((torch.tensor([[3, 1, 4], [1, 5, 9]]), torch.tensor([5, 0, 2])),
+                              (torch.tensor([[2, 6, 5], [3, 5, 8]]), torch.tensor([1, 9, 3]))):  # fmt: skip
+        expected, got = model.step(eager_state, tokens, positions), fast.step(state, tokens, positions)
+        torch.testing.assert_close(got, expected, **CLOSE)
+    cond = model.config.cond_len
+    assert fed == [[cond, cond + 2], [cond + 5], [cond + 1, cond + 3], [cond + 9]]
+    grid = slice(0, state.num_slots)
+    for mine, theirs in zip(state.keys + state.values, eager_state.keys + eager_state.values, strict=True):
+        torch.testing.assert_close(mine[:, :, grid], theirs[:, :, grid], **CLOSE)
 
 
 @pytest.mark.parametrize("per_row", [False, True], ids=["step", "step_rows"])
