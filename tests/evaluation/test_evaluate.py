@@ -250,7 +250,8 @@ def test_every_eval_preset_expands_to_valid_runs(testbed, tmp_path, preset):
     assert reference_run(runs).method == "ar"  # and on a missing AR run or a repeated label
     if preset == "compiled":  # every run eager and compiled, the compiled AR a second speed reference
         assert compiled_reference_run(runs).label == "AR (compiled)"
-        assert sorted(run.compile for run in runs) == [False] * 5 + [True] * 5
+        assert sorted(run.compile for run in runs) == [False] * 5 + [True] * 7  # and two compiled ceilings
+        assert [run.knobs["tau"] for run in runs if "every draft accepted" in run.label] == [0.0, 0.0]
     if preset == "paper_table":
         families = {run.family for run in runs}
         assert {"AR", "ZipAR", "LANTERN", "MuLo-SD (2x)", "MuLo-SD (4x)"} <= families
