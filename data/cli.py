@@ -5,6 +5,7 @@
     mulo-data verify "shards/synthscenes/synthscenes-{000000..000049}.tar"     (or a directory)
     mulo-data pretokenize --shards "shards/synthscenes/synthscenes-{000000..000049}.tar" \
         --tokenizer mulo_sd/assets/testbed/vq --sizes 128 64 32 --out shards/synthscenes_tokens
+    mulo-data ar-samples --out shards/ar_samples --count 6400 --batch-size 32 --seed 100000   (ar_samples.py)
 
 Every command that writes shards also writes `sizes.json` ({shard file name: sample count}, as open_clip
 reads it) and prints the brace-expanded shard spec to give the training config. Each shard is written under a
@@ -39,6 +40,7 @@ import re
 import sys
 
 import webdataset as wds
+from mulo_sd.data.ar_samples import add_ar_samples_arguments, run_ar_samples
 from mulo_sd.data.from_folder import add_from_folder_arguments, run_from_folder
 from mulo_sd.data.image_limits import DEFAULT_MAX_ASPECT_RATIO, DEFAULT_MAX_PIXELS, ImageLimits
 from mulo_sd.data.out_folder import prepare_out_folder
@@ -270,6 +272,7 @@ COMMANDS = {
     "from-folder": (add_from_folder_arguments, run_from_folder, "pack a folder of images (+ .txt captions)"),
     "verify": (add_verify_arguments, run_verify, "decode every sample of shards and report corrupt ones"),
     "pretokenize": (add_pretokenize_arguments, run_pretokenize, "VQ-encode image shards at several sizes"),
+    "ar-samples": (add_ar_samples_arguments, run_ar_samples, "shards of a model set's own AR samples"),
 }
 
 

@@ -33,7 +33,7 @@ import time
 import torch
 import torch.nn.functional as F
 from mulo_sd.training.accumulation import ends_accumulation
-from mulo_sd.training.losses import distribution_kl, pixel_loss, token_cross_entropy
+from mulo_sd.training.losses import distribution_kl, hypothesis_cross_entropy, pixel_loss, token_cross_entropy
 from mulo_sd.training.optim import manual_step
 from mulo_sd.training.sampler_setup import uses_pixels
 from mulo_sd.training.sampler_target import teacher_forced_probs
@@ -51,10 +51,13 @@ class SamplerTraining:
         c = self.loss_cfg
         up = self.kind == "up"
         inputs = self.token_grid(batch, self.low_size if up else self.high_size)
-        out = self.sampler(inputs, **self.caption_of(batch))
+        terms, logs, fake = {}, {}, None
+        if up and self.sampler.hypotheses > 1:
+            out = self.hypothesis_terms(batch, inputs, terms, logs)
+        else:
+            out = self.sampler(inputs, **self.caption_of(batch))
         if not up:
             out = {"logits": out}
-        terms, logs, fake = {}, {}, None
         # (pixel-only rows skip encoding the high-res image)
         if c.ce_weight > 0 or c.get("kl_weight", 0.0) > 0:
             truth = self.token_grid(batch, self.output_size)
@@ -69,7 +72,7 @@ class SamplerTraining:
                 b, d, h, w = latents.shape
                 target = self.vq.prepared_codes(latents).view(b, h, w, d).permute(0, 3, 1, 2)
                 terms["latent"] = c.latent_weight * F.mse_loss(out["codes"].float(), target)
-        if c.ce_weight > 0:
+        if c.ce_weight > 0 and "ce" not in terms:
             terms["ce"] = c.ce_weight * token_cross_entropy(out["logits"], labels, c.label_smoothing)
         if c.get("kl_weight", 0.0) > 0:
             context = truth if c.get("kl_context", "truth") == "truth" else out["logits"].detach().argmax(1)
@@ -99,6 +102,25 @@ class SamplerTraining:
                 )
                 logs.update(adv_logs)
         return terms, logs, fake
+
+    def hypothesis_terms(self, batch: dict, inputs: torch.Tensor, terms: dict, logs: dict) -> dict:
+        """An up-sampler of several hypotheses: the winner-takes-all cross-entropy against the true tokens
+        (loss.hypothesis_spread) into `terms`, how often each hypothesis wins into `logs`; returns the
+        winners' outputs, which the other terms see."""
+        c = self.loss_cfg
+        if c.ce_weight <= 0 or self.ce_teacher is not None:
+            raise ValueError(
+                "model.sampler.hypotheses > 1 trains by winner-takes-all cross-entropy against the true "
+                "tokens: it needs loss.ce_weight > 0 and loss.ce_target=truth"
+            )
+        every = self.sampler.all_hypotheses(inputs, **self.caption_of(batch))
+        truth = self.token_grid(batch, self.output_size)
+        ce, winners = hypothesis_cross_entropy(every["logits"], truth, c.get("hypothesis_spread", 0.05))
+        terms["ce"] = c.ce_weight * ce
+        shares = torch.bincount(winners, minlength=self.sampler.hypotheses).float() / winners.numel()
+        logs.update({f"wins_{k}": share for k, share in enumerate(shares)})
+        rows = torch.arange(inputs.shape[0], device=inputs.device)
+        return {name: value[rows, winners] for name, value in every.items()}
 
     def target_distribution(self, batch: dict, context: torch.Tensor) -> torch.Tensor:
         """The target's processed distribution at each position of the grid `context` [B,h,w] (the ground

@@ -31,8 +31,9 @@ def instantiate_group(group: DictConfig | None) -> list:
 
 def prepare_data(data_cfg: DictConfig, trainer_cfg: DictConfig) -> DictConfig:
     """Generate the shards a data config asks for under `generate:` (the testbed's SynthScenes: the training
-    shards the trainer's steps read, the whole validation set), pre-tokenise them when it has a `pretokenize:`
-    block, and point `train_shards` / `val_shards` at the result; return the datamodule's arguments."""
+    shards the trainer's steps read, the whole validation set), pre-tokenise them when it has a
+    `pretokenize:` block, and point `train_shards` / `val_shards` at the result (a split whose `generate`
+    entry is null keeps the shards it names); return the datamodule's arguments."""
     # throw_on_missing: a '???' value (data.train_shards of LAION) is a clear error, not the string '???'
     data = OmegaConf.to_container(data_cfg, resolve=True, throw_on_missing=True)
     generate = data.pop("generate", None)
@@ -43,6 +44,8 @@ def prepare_data(data_cfg: DictConfig, trainer_cfg: DictConfig) -> DictConfig:
         trainer = OmegaConf.to_container(trainer_cfg, resolve=True)
         needed = {"train": samples_read(trainer, data["batch_size"])}  # validation: the whole set
         for split in ("train", "val"):
+            if generate[split] is None:  # that split reads the shards its *_shards names
+                continue
             data[f"{split}_shards"] = ensure_synthscenes(
                 size=generate["size"], needed=needed.get(split), **generate[split]
             )

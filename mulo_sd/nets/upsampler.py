@@ -32,6 +32,8 @@ OUTPUTS = ("logits", "code", "both")
 # the same codebook: covers a bfloat16 save of unit-norm vectors (error <= 2^-8), far below how much two
 # separately trained codebooks differ.
 CODEBOOK_TOLERANCE = 1e-2
+# Spread of the hypotheses' initial shifts: the features they shift are LayerNorm'd (unit scale)
+HYPOTHESIS_INIT_STD = 0.5
 
 
 def check_sampler_fields(config) -> None:
@@ -80,9 +82,20 @@ class UpsamplerConfig:
     # decoding's default knobs.draft_temperature for these weights (chosen on dev prompts): 0 drafts the
     # argmax code, > 0 draws each draft token from softmax(logits / draft_temperature)
     draft_temperature: float = 0.0
+    # > 1: the up-sampler drafts one of this many hypotheses, a learned shift of the features before its last
+    # block, trained winner-takes-all (training/losses/token.py): where the low-res grid leaves a texture's
+    # phase open (a stripe a low-res token wide), each hypothesis commits to one instead of drafting their
+    # mean; decoding draws one per image with its generator (`hypothesis=`)
+    hypotheses: int = 1
 
     def __post_init__(self):
         check_sampler_fields(self)
+        if self.hypotheses < 1:
+            raise ValueError(f"UpsamplerConfig.hypotheses must be >= 1, got {self.hypotheses}")
+        if self.hypotheses > 1 and self.blocks < 1:
+            raise ValueError(
+                "UpsamplerConfig.hypotheses > 1 needs blocks >= 1 (the shift enters the last block)"
+            )
         if not self.draft_temperature >= 0.0:  # also NaN
             raise ValueError(f"UpsamplerConfig.draft_temperature must be >= 0, got {self.draft_temperature}")
         if self.output not in OUTPUTS:
@@ -184,6 +197,10 @@ class Upsampler(TokenGridModel, Pretrained):
         has_logits, has_code = config.output in ("logits", "both"), config.output in ("code", "both")
         self.logits_head = nn.Conv2d(config.width, config.codebook_size * r2, 1) if has_logits else None
         self.code_head = nn.Conv2d(config.width, config.code_dim * r2, 1) if has_code else None
+        self.hypothesis_shift = None
+        if config.hypotheses > 1:  # apart from the start, so that winner-takes-all training splits them
+            self.hypothesis_shift = nn.Embedding(config.hypotheses, config.width)
+            nn.init.normal_(self.hypothesis_shift.weight, std=HYPOTHESIS_INIT_STD)
         self.caption = None
         if self.conditioned:  # one scale and shift after the embedding and after each block
             self.caption = CaptionFiLM(
@@ -205,17 +222,46 @@ class Upsampler(TokenGridModel, Pretrained):
         up-sampler also reaches as many rows below."""
         return context_rows(self.blocks)
 
+    @property
+    def hypotheses(self) -> int:
+        return self.config.hypotheses
+
     def forward(
-        self, ids: torch.Tensor, cond: torch.Tensor | None = None, cond_mask: torch.Tensor | None = None
+        self,
+        ids: torch.Tensor,
+        cond: torch.Tensor | None = None,
+        cond_mask: torch.Tensor | None = None,
+        hypothesis: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor]:
         """ids [B, h, w] (and for a conditioned up-sampler the caption `cond` [B, L] or [B, L, D] and
-        `cond_mask`) -> {'logits': [B, V, r*h, r*w]} and/or {'codes': [B, D, r*h, r*w]} (by `output`)."""
+        `cond_mask`) -> {'logits': [B, V, r*h, r*w]} and/or {'codes': [B, D, r*h, r*w]} (by `output`).
+        `hypothesis`: int64 [B], which hypothesis each grid drafts (None: hypothesis 0)."""
         check_token_grid(ids, self.codebook_size)
+        hypothesis = self._hypothesis_ids(hypothesis, ids.shape[0], ids.device)
+        return self._run(ids, cond, cond_mask, hypothesis, 1)
+
+    def all_hypotheses(self, ids: torch.Tensor, cond=None, cond_mask=None) -> dict[str, torch.Tensor]:
+        """`forward` for every hypothesis at once, the layers before the last block run once: each output
+        [B, K, C, r*h, r*w] (K = config.hypotheses), for winner-takes-all training."""
+        check_token_grid(ids, self.codebook_size)
+        k = self.hypotheses
+        hypothesis = torch.arange(k, device=ids.device).repeat(ids.shape[0]) if k > 1 else None
+        out = self._run(ids, cond, cond_mask, hypothesis, k)
+        return {name: value.view(ids.shape[0], k, *value.shape[1:]) for name, value in out.items()}
+
+    def _run(self, ids, cond, cond_mask, hypothesis, repeat: int) -> dict[str, torch.Tensor]:
+        """The layers; before the last block the features are repeated `repeat` times per grid and shifted
+        by `hypothesis` [B * repeat] (None: unshifted)."""
         films = self.caption_films(ids, cond, cond_mask)
         x = self.embed(ids)
         if films:
             x = modulate(x, films[0])
         for i, block in enumerate(self.blocks):
+            if i == len(self.blocks) - 1 and hypothesis is not None:
+                if repeat > 1:
+                    x = x.repeat_interleave(repeat, 0)
+                    films = [tuple(part.repeat_interleave(repeat, 0) for part in film) for film in films]
+                x = x + self.hypothesis_shift(hypothesis)[:, :, None, None].to(x.dtype)
             x = block(x)
             if films:
                 x = modulate(x, films[i + 1])
@@ -226,6 +272,21 @@ class Upsampler(TokenGridModel, Pretrained):
         if self.code_head is not None:
             out["codes"] = F.pixel_shuffle(self.code_head(x), self.r)
         return out
+
+    def _hypothesis_ids(self, hypothesis, batch: int, device) -> torch.Tensor | None:
+        if self.hypothesis_shift is None:
+            if hypothesis is not None and bool((hypothesis != 0).any()):
+                raise ValueError("this up-sampler has one hypothesis (config.hypotheses 1): pass none or 0")
+            return None
+        if hypothesis is None:
+            return torch.zeros(batch, dtype=torch.long, device=device)
+        if hypothesis.shape != (batch,) or hypothesis.dtype != torch.long:
+            raise ValueError(
+                f"hypothesis must be int64 [{batch}], got {hypothesis.dtype} {tuple(hypothesis.shape)}"
+            )
+        if bool(((hypothesis < 0) | (hypothesis >= self.hypotheses)).any()):
+            raise ValueError(f"hypothesis must lie in [0, {self.hypotheses}), got {hypothesis.tolist()}")
+        return hypothesis.to(device)
 
     def caption_films(self, ids, cond, cond_mask) -> list:
         if self.caption is None:
@@ -249,26 +310,38 @@ class Upsampler(TokenGridModel, Pretrained):
         return nearest_entries(out["codes"], self.codebook)
 
     @torch.no_grad()
-    def upsample(self, ids: torch.Tensor, cond=None, cond_mask=None) -> torch.Tensor:
+    def upsample(self, ids: torch.Tensor, cond=None, cond_mask=None, hypothesis=None) -> torch.Tensor:
         """ids [B, h, w] -> ids [B, r*h, r*w]."""
-        return self.tokens(self(ids, cond, cond_mask))
+        return self.tokens(self(ids, cond, cond_mask, hypothesis))
 
     @torch.no_grad()
     def upsample_rows(
-        self, ids_low: torch.Tensor, first_row: int, windowed: bool = True, cond=None, cond_mask=None
+        self,
+        ids_low: torch.Tensor,
+        first_row: int,
+        windowed: bool = True,
+        cond=None,
+        cond_mask=None,
+        hypothesis=None,
     ) -> torch.Tensor:
         """High-res rows r*first_row .. r*n - 1 for the low-res prefix ids_low [B, n, w]: [B, r*(n-first_row),
         r*w], equal to those rows of `upsample` on any grid that starts with this prefix. `windowed` feeds
         only the `context_rows` rows above `first_row` (all the new rows depend on) instead of the prefix.
         A non-causal up-sampler (`causal=False`) computes them from the whole prefix, as the pixel path.
-        `cond`, `cond_mask`: the caption, for a conditioned up-sampler."""
+        `cond`, `cond_mask`: the caption, for a conditioned up-sampler; `hypothesis`: as in `forward`."""
         start = self._first_context_row(ids_low, first_row, windowed)
-        ids_high = self.upsample(ids_low[:, start:], cond, cond_mask)
+        ids_high = self.upsample(ids_low[:, start:], cond, cond_mask, hypothesis)
         return ids_high[:, self.r * (first_row - start) :]
 
     @torch.no_grad()
     def upsample_rows_logits(
-        self, ids_low: torch.Tensor, first_row: int, windowed: bool = True, cond=None, cond_mask=None
+        self,
+        ids_low: torch.Tensor,
+        first_row: int,
+        windowed: bool = True,
+        cond=None,
+        cond_mask=None,
+        hypothesis=None,
     ) -> torch.Tensor:
         """The logits behind `upsample_rows` (its argmax): [B, V, r*(n-first_row), r*w], for drafts sampled
         from the up-sampler instead of its most likely code. An up-sampler with a code head only has none."""
@@ -278,7 +351,7 @@ class Upsampler(TokenGridModel, Pretrained):
                 f"logits to sample a draft from: use one with output 'logits' or 'both'"
             )
         start = self._first_context_row(ids_low, first_row, windowed)
-        logits = self(ids_low[:, start:], cond, cond_mask)["logits"]
+        logits = self(ids_low[:, start:], cond, cond_mask, hypothesis)["logits"]
         return logits[:, :, self.r * (first_row - start) :]
 
     def _first_context_row(self, ids_low: torch.Tensor, first_row: int, windowed: bool) -> int:

@@ -11,7 +11,12 @@ from mulo_sd.training.losses.gan import (
 )
 from mulo_sd.training.losses.lpips import LPIPS, backbone_weights_path
 from mulo_sd.training.losses.pixel import pixel_loss
-from mulo_sd.training.losses.token import distribution_kl, token_accuracy, token_cross_entropy
+from mulo_sd.training.losses.token import (
+    distribution_kl,
+    hypothesis_cross_entropy,
+    token_accuracy,
+    token_cross_entropy,
+)
 
 __all__ = [
     "LPIPS",
@@ -20,6 +25,7 @@ __all__ = [
     "adaptive_weight",
     "backbone_weights_path",
     "distribution_kl",
+    "hypothesis_cross_entropy",
     "hinge_d_loss",
     "hinge_g_loss",
     "non_saturating_d_loss",

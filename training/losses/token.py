@@ -56,3 +56,24 @@ def distribution_kl(logits: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor
         )
     log_q = F.log_softmax(logits.float(), dim=1)
     return (torch.xlogy(teacher, teacher) - teacher * log_q).sum(1).mean()
+
+
+def hypothesis_cross_entropy(
+    logits: torch.Tensor, targets: torch.Tensor, spread: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Winner-takes-all cross-entropy of K hypotheses: logits [B,K,V,h,w] against targets [B,h,w] ->
+    (loss, winners [B]). Each grid's mean cross-entropy is taken under every hypothesis; the loss is
+    (1 - spread) x the lowest one plus spread x their mean, averaged over the grids. Only the winner learns
+    a grid (its mode), so the hypotheses split the grids' modes instead of all fitting their mean; `spread`
+    keeps the losing ones from being left untrained."""
+    if logits.dim() != 5:
+        raise ValueError(f"expected logits [B,K,V,h,w], got {tuple(logits.shape)}")
+    if not 0.0 <= spread <= 1.0:
+        raise ValueError(f"spread must lie in [0, 1], got {spread}")
+    b, k = logits.shape[:2]
+    _check_layout(logits[:, 0], targets)
+    every = F.cross_entropy(logits.flatten(0, 1), targets.repeat_interleave(k, 0), reduction="none")
+    per_grid = every.view(b, k, -1).mean(2)
+    lowest, winners = per_grid.min(1)
+    loss = (1.0 - spread) * lowest.mean() + spread * per_grid.mean()
+    return loss, winners

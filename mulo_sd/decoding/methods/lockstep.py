@@ -111,15 +111,11 @@ class _Proxy:
     def step(self, state, tokens, positions):
         return self._driver.ask(self._image, self._role, "step", (tokens, positions))
 
-    def upsample_rows(self, ids, first_row, cond=None, cond_mask=None):
-        return self._upsampler_call("upsample_rows", ids, first_row, cond, cond_mask)
+    def upsample_rows(self, ids, first_row, **inputs):
+        return self._driver.ask(self._image, self._role, "upsample_rows", (ids, first_row, inputs))
 
-    def upsample_rows_logits(self, ids, first_row, cond=None, cond_mask=None):
-        return self._upsampler_call("upsample_rows_logits", ids, first_row, cond, cond_mask)
-
-    def _upsampler_call(self, kind, ids, first_row, cond, cond_mask):
-        caption = {} if cond is None else {"cond": cond, "cond_mask": cond_mask}
-        return self._driver.ask(self._image, self._role, kind, (ids, first_row, caption))
+    def upsample_rows_logits(self, ids, first_row, **inputs):
+        return self._driver.ask(self._image, self._role, "upsample_rows_logits", (ids, first_row, inputs))
 
     def downsample(self, ids):
         return self._driver.ask(self._image, self._role, "downsample", (ids, {}))
@@ -229,29 +225,27 @@ class _Driver:
 
     def _stateless(self, role: str, kind: str, asks: dict[int, tuple]) -> dict[int, torch.Tensor]:
         """One call per group of images whose arguments have the same shape (and first row). Each ask is
-        (ids, *the other arguments, the caption an up-sampler reads as a dict, {} for none); the captions
-        are stacked like the ids."""
+        (ids, *the other arguments, what else an up-sampler reads as a dict: caption, hypothesis; {} for
+        none); those are stacked like the ids."""
         groups: dict[tuple, list[int]] = {}
         for image, (ids, *rest, _) in asks.items():
             groups.setdefault((tuple(ids.shape), *rest), []).append(image)
         answers = {}
         for (_, *rest), images in groups.items():
-            caption = _stacked_caption([asks[i][-1] for i in images])
+            inputs = _stacked_inputs([asks[i][-1] for i in images])
             model = getattr(self.models[role], kind)
-            output = model(torch.cat([asks[i][0] for i in images]), *rest, **caption)
+            output = model(torch.cat([asks[i][0] for i in images]), *rest, **inputs)
             self.stats.record_call(role, 0)
             answers.update({image: output[j : j + 1] for j, image in enumerate(images)})
         return answers
 
 
-def _stacked_caption(captions: list[dict]) -> dict:
-    """The images' captions ({} for an up-sampler that reads none) as one batch."""
-    if not captions[0]:
-        return {}
-    masks = [caption["cond_mask"] for caption in captions]
+def _stacked_inputs(inputs: list[dict]) -> dict:
+    """The images' up-sampler inputs (caption `cond` and `cond_mask`, `hypothesis`; {} for none) as one
+    batch: each one's tensors concatenated, a None (no caption mask) kept."""
     return {
-        "cond": torch.cat([caption["cond"] for caption in captions]),
-        "cond_mask": None if masks[0] is None else torch.cat(masks),
+        name: None if inputs[0][name] is None else torch.cat([one[name] for one in inputs])
+        for name in inputs[0]
     }
 
 

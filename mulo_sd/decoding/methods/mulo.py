@@ -30,7 +30,8 @@ One cycle, until the high-res grid (target, H x W) is full:
 Interfaces (duck-typed): upsampler.r, .codebook_size, .upsample_rows(ids_low [1, n, w], first_row) ->
 [1, r * (n - first_row), W] and, for `draft_temperature` > 0, .upsample_rows_logits (the same rows' logits
 [1, V, r * (n - first_row), W]) (an up-sampler with `conditioned` true also gets `cond=`, `cond_mask=`: the
-caption as the target takes it); downsampler.r, .codebook_size, .downsample(ids_high [1, r * n, W]) ->
+caption as the target takes it; one with `hypotheses` > 1 gets `hypothesis=`, int64 [1], drawn once per image
+from its generator); downsampler.r, .codebook_size, .downsample(ids_high [1, r * n, W]) ->
 [1, n, w],
 called on the committed complete row groups only, once per cycle that completes new ones and never after the
 last cycle. Only a cycle that ends before the grid is full calls it (`uses_downsampler`: rejection='raster'
@@ -199,10 +200,16 @@ class ImageDecode:
     def run(self, cond: torch.Tensor, cond_mask: torch.Tensor | None) -> torch.Tensor:
         """-> tokens int64 [H*W] on CPU."""
         stats, knobs, size, r = self.stats, self.knobs, self.height * self.width, self.knobs.r
-        # an up-sampler that reads the caption gets the target's condition (nets/caption_film.py)
-        self.caption = {}
+        # what the up-sampler reads besides the low-res rows: the target's condition for one that reads the
+        # caption (nets/caption_film.py); the hypothesis this image drafts for one of several, drawn once so
+        # that every cycle's rows commit to the same one
+        self.upsampler_inputs = {}
         if getattr(self.upsampler, "conditioned", False):
-            self.caption = {"cond": cond, "cond_mask": cond_mask}
+            self.upsampler_inputs = {"cond": cond, "cond_mask": cond_mask}
+        hypotheses = getattr(self.upsampler, "hypotheses", 1)
+        if hypotheses > 1:
+            pick = torch.randint(hypotheses, (1,), generator=self.generator, device=self.generator.device)
+            self.upsampler_inputs["hypothesis"] = pick.to(self.device)
         with stats.wall():
             with stats.phase("prefill"):
                 self.target_state = self.target.start(cond, self.sampler.cfg_scale, cond_mask=cond_mask)
@@ -256,11 +263,15 @@ class ImageDecode:
         prefix = self.low.values[: last_row * self.low_width].view(1, last_row, self.low_width)
         temperature = self.knobs.draft_temperature
         if temperature > 0:
-            logits = self.upsampler.upsample_rows_logits(prefix.to(self.device), first_row, **self.caption)
+            logits = self.upsampler.upsample_rows_logits(
+                prefix.to(self.device), first_row, **self.upsampler_inputs
+            )
             probs = process_logits(logits.movedim(1, -1), SamplerConfig(temperature=temperature))
             new_rows = sample(probs, self.generator)
         else:
-            new_rows = self.upsampler.upsample_rows(prefix.to(self.device), first_row, **self.caption)
+            new_rows = self.upsampler.upsample_rows(
+                prefix.to(self.device), first_row, **self.upsampler_inputs
+            )
         new_rows = new_rows.reshape(-1).cpu()
         self.high.values[start:end] = new_rows[start - first_row * self.knobs.r * self.width :]
         self.stats.tokens_drafted += end - start
