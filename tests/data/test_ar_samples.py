@@ -4,7 +4,6 @@ one made with other settings or holding other files."""
 import json
 
 import pytest
-
 from mulo_sd.data.ar_samples import MANIFEST, resume_point
 
 SETTINGS = {"models": "testbed", "seed": 0, "caption_seed": 1, "shard_size": 4}
