@@ -79,10 +79,11 @@ def ar_samples(args: argparse.Namespace, indices: range):
     import torch
 
     from mulo_sd.pipeline.decode_entry import decode, tensor_to_pil
+    from mulo_sd.pipeline.model_set import load_model_set
     from mulo_sd.pipeline.mulo_pipeline import MuLoPipeline
 
     pipe = MuLoPipeline.from_pretrained(args.models, device=args.device)
-    models = pipe._load(["vq", "target"], condition_roles=True)
+    models = load_model_set(pipe.model_set, ["vq", "target"], pipe.device)
     bar = tqdm(total=len(indices), desc="AR samples", unit="img")
     for first in range(indices.start, indices.stop, args.batch_size):
         batch = list(range(first, min(first + args.batch_size, indices.stop)))

@@ -52,15 +52,16 @@ class SamplerTraining:
         up = self.kind == "up"
         inputs = self.token_grid(batch, self.low_size if up else self.high_size)
         terms, logs, fake = {}, {}, None
+        # (pixel-only rows skip encoding the high-res image)
+        needs_truth = c.ce_weight > 0 or c.get("kl_weight", 0.0) > 0
+        truth = self.token_grid(batch, self.output_size) if needs_truth else None
         if up and self.sampler.hypotheses > 1:
-            out = self.hypothesis_terms(batch, inputs, terms, logs)
+            out = self.hypothesis_terms(batch, inputs, truth, terms, logs)
         else:
             out = self.sampler(inputs, **self.caption_of(batch))
         if not up:
             out = {"logits": out}
-        # (pixel-only rows skip encoding the high-res image)
-        if c.ce_weight > 0 or c.get("kl_weight", 0.0) > 0:
-            truth = self.token_grid(batch, self.output_size)
+        if needs_truth:
             logs["acc"] = (out["logits"].argmax(1) == truth).float().mean()
         labels = truth if c.ce_weight > 0 else None
         if self.ce_teacher is not None:
@@ -103,9 +104,11 @@ class SamplerTraining:
                 logs.update(adv_logs)
         return terms, logs, fake
 
-    def hypothesis_terms(self, batch: dict, inputs: torch.Tensor, terms: dict, logs: dict) -> dict:
+    def hypothesis_terms(
+        self, batch: dict, inputs: torch.Tensor, truth: torch.Tensor | None, terms: dict, logs: dict
+    ) -> dict:
         """An up-sampler of several hypotheses: the winner-takes-all cross-entropy against the true tokens
-        (loss.hypothesis_spread) into `terms`, how often each hypothesis wins into `logs`; returns the
+        `truth` (loss.hypothesis_spread) into `terms`, how often each hypothesis wins into `logs`; returns the
         winners' outputs, which the other terms see."""
         c = self.loss_cfg
         if c.ce_weight <= 0 or self.ce_teacher is not None:
@@ -114,7 +117,6 @@ class SamplerTraining:
                 "tokens: it needs loss.ce_weight > 0 and loss.ce_target=truth"
             )
         every = self.sampler.all_hypotheses(inputs, **self.caption_of(batch))
-        truth = self.token_grid(batch, self.output_size)
         ce, winners = hypothesis_cross_entropy(every["logits"], truth, c.get("hypothesis_spread", 0.05))
         terms["ce"] = c.ce_weight * ce
         shares = torch.bincount(winners, minlength=self.sampler.hypotheses).float() / winners.numel()

@@ -316,32 +316,18 @@ class Upsampler(TokenGridModel, Pretrained):
 
     @torch.no_grad()
     def upsample_rows(
-        self,
-        ids_low: torch.Tensor,
-        first_row: int,
-        windowed: bool = True,
-        cond=None,
-        cond_mask=None,
-        hypothesis=None,
+        self, ids_low: torch.Tensor, first_row: int, windowed: bool = True, **inputs
     ) -> torch.Tensor:
         """High-res rows r*first_row .. r*n - 1 for the low-res prefix ids_low [B, n, w]: [B, r*(n-first_row),
         r*w], equal to those rows of `upsample` on any grid that starts with this prefix. `windowed` feeds
         only the `context_rows` rows above `first_row` (all the new rows depend on) instead of the prefix.
         A non-causal up-sampler (`causal=False`) computes them from the whole prefix, as the pixel path.
-        `cond`, `cond_mask`: the caption, for a conditioned up-sampler; `hypothesis`: as in `forward`."""
-        start = self._first_context_row(ids_low, first_row, windowed)
-        ids_high = self.upsample(ids_low[:, start:], cond, cond_mask, hypothesis)
-        return ids_high[:, self.r * (first_row - start) :]
+        `inputs`: `forward`'s cond, cond_mask (the caption, for a conditioned up-sampler) and hypothesis."""
+        return self.tokens(self._rows_outputs(ids_low, first_row, windowed, inputs))
 
     @torch.no_grad()
     def upsample_rows_logits(
-        self,
-        ids_low: torch.Tensor,
-        first_row: int,
-        windowed: bool = True,
-        cond=None,
-        cond_mask=None,
-        hypothesis=None,
+        self, ids_low: torch.Tensor, first_row: int, windowed: bool = True, **inputs
     ) -> torch.Tensor:
         """The logits behind `upsample_rows` (its argmax): [B, V, r*(n-first_row), r*w], for drafts sampled
         from the up-sampler instead of its most likely code. An up-sampler with a code head only has none."""
@@ -350,9 +336,13 @@ class Upsampler(TokenGridModel, Pretrained):
                 f"this up-sampler predicts codes only (config.output '{self.config.output}'), so it has no "
                 f"logits to sample a draft from: use one with output 'logits' or 'both'"
             )
+        return self._rows_outputs(ids_low, first_row, windowed, inputs)["logits"]
+
+    def _rows_outputs(self, ids_low: torch.Tensor, first_row: int, windowed: bool, inputs: dict) -> dict:
+        """`forward`'s outputs for the high-res rows from r*first_row, fed the rows they depend on."""
         start = self._first_context_row(ids_low, first_row, windowed)
-        logits = self(ids_low[:, start:], cond, cond_mask, hypothesis)["logits"]
-        return logits[:, :, self.r * (first_row - start) :]
+        out = self(ids_low[:, start:], **inputs)
+        return {name: value[:, :, self.r * (first_row - start) :] for name, value in out.items()}
 
     def _first_context_row(self, ids_low: torch.Tensor, first_row: int, windowed: bool) -> int:
         check_token_grid(ids_low, self.codebook_size, "ids_low")
