@@ -48,6 +48,15 @@ class SamplerValidation:
         self.sample_batch = None
         self.last_step_time = None  # the next training step's rate must not include validation time
 
+    @staticmethod
+    def validation_hypotheses(sampler, inputs: torch.Tensor) -> dict:
+        """An up-sampler of several hypotheses is validated under each in turn across the batch, as decoding
+        draws them (uniformly, one per image), not under hypothesis 0 alone."""
+        count = getattr(sampler, "hypotheses", 1)
+        if count <= 1:
+            return {}
+        return {"hypothesis": torch.arange(inputs.shape[0], device=inputs.device) % count}
+
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         inputs, truth = self.grids(batch)
         sampler, sums = self.eval_sampler, self.val_sums
@@ -58,7 +67,7 @@ class SamplerValidation:
             else:
                 predicted = self.pixel_sampler.downsample(inputs)
         else:
-            out = sampler(inputs, **self.caption_of(batch))
+            out = sampler(inputs, **self.caption_of(batch), **self.validation_hypotheses(sampler, inputs))
             if self.kind == "down":
                 out = {"logits": out}
             predicted = out["logits"].argmax(1) if "logits" in out else sampler.tokens(out)

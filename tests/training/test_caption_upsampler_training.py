@@ -63,3 +63,23 @@ def test_the_up_sampler_and_the_acceptance_metric_share_one_condition_per_batch(
     module.on_validation_epoch_start()
     module.validation_step(batch, 0)
     assert len(calls) == 1 and module.val_sums["tokens"] > 0
+
+
+def test_an_up_sampler_of_several_hypotheses_is_validated_under_each_in_turn(folders):  # noqa: F811
+    module = instantiate_module(
+        folders, ["loss=token_ce", "model.sampler.condition=caption", "+model.sampler.hypotheses=3"],
+        target=folders["target"],
+    )  # fmt: skip
+    seen = []
+    forward = module.sampler.forward
+    module.sampler.forward = lambda *args, hypothesis=None, **kwargs: (
+        seen.append(hypothesis) or forward(*args, hypothesis=hypothesis, **kwargs)
+    )
+    batch = {
+        "caption": [*CAPTIONS, *CAPTIONS],
+        "tok8": torch.randint(0, CODES, (4, 4, 4)),
+        "tok16": torch.randint(0, CODES, (4, 8, 8)),
+    }
+    module.on_validation_epoch_start()
+    module.validation_step(batch, 0)
+    assert len(seen) == 1 and seen[0].tolist() == [0, 1, 2, 0]
