@@ -120,6 +120,11 @@ def build_sampler(
             "pixel_path=soft, a code for pixel_path=straight_through)"
         )
     fields.update(r=r, codebook_size=vq.codebook_size, code_dim=vq.code_dim)
+    if fields.get("hypotheses", 1) > 1 and (loss.ce_weight <= 0 or loss.get("ce_target", "truth") != "truth"):
+        raise ValueError(
+            "model.sampler.hypotheses > 1 trains by winner-takes-all cross-entropy against the true "
+            "tokens: it needs loss.ce_weight > 0 and loss.ce_target=truth"
+        )
     if fields.get("condition", "none") != "none":
         fields.update(caption_fields(kind, fields["condition"], target))
     if kind == "up":

@@ -109,13 +109,8 @@ class SamplerTraining:
     ) -> dict:
         """An up-sampler of several hypotheses: the winner-takes-all cross-entropy against the true tokens
         `truth` (loss.hypothesis_spread) into `terms`, how often each hypothesis wins into `logs`; returns the
-        winners' outputs, which the other terms see."""
+        winners' outputs, which the other terms see (build_sampler refused losses without that term)."""
         c = self.loss_cfg
-        if c.ce_weight <= 0 or self.ce_teacher is not None:
-            raise ValueError(
-                "model.sampler.hypotheses > 1 trains by winner-takes-all cross-entropy against the true "
-                "tokens: it needs loss.ce_weight > 0 and loss.ce_target=truth"
-            )
         every = self.sampler.all_hypotheses(inputs, **self.caption_of(batch))
         ce, winners = hypothesis_cross_entropy(every["logits"], truth, c.get("hypothesis_spread", 0.05))
         terms["ce"] = c.ce_weight * ce

@@ -83,3 +83,11 @@ def test_an_up_sampler_of_several_hypotheses_is_validated_under_each_in_turn(fol
     module.on_validation_epoch_start()
     module.validation_step(batch, 0)
     assert len(seen) == 1 and seen[0].tolist() == [0, 1, 2, 0]
+
+
+def test_several_hypotheses_without_a_true_token_cross_entropy_are_refused_at_set_up(folders):  # noqa: F811
+    no_ce = ["loss=token_ce", "loss.ce_weight=0", "loss.mse_weight=1"]
+    ce_of_a_pixel_path = ["loss=latent_distill", "loss.ce_weight=1"]
+    for loss in (no_ce, ce_of_a_pixel_path):
+        with pytest.raises(Exception, match="winner-takes-all cross-entropy against the true tokens"):
+            instantiate_module(folders, [*loss, "+model.sampler.hypotheses=2"], target=folders["target"])
