@@ -16,7 +16,7 @@ import io
 import json
 import os
 
-from mulo_sd.data.shards import shard_spec, write_shards
+from mulo_sd.data.shards import SIZES_NAME, shard_spec, write_shards
 from tqdm import tqdm
 
 from mulo_sd.testbed.synthscenes import render_scene
@@ -42,23 +42,25 @@ def run_ar_samples(args: argparse.Namespace) -> int:
             raise SystemExit(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     settings = {k: getattr(args, k) for k in ("models", "seed", "caption_seed", "shard_size")}
     done = resume_point(args.out, settings)
-    if done >= args.count:
-        print(f"{args.out} already holds {done} samples")
+    held = sum(listed_sizes(args.out).values())
+    if held >= args.count:
+        print(f"{args.out} already holds {held} samples")
         return 0
-    shards = write_shards(
+    write_shards(
         ar_samples(args, range(done, args.count)),
         args.out,
         AR_PREFIX,
         args.shard_size,
         done // args.shard_size,
     )
-    print(shard_spec(args.out, sorted(shards)))
+    print(shard_spec(args.out, sorted(listed_sizes(args.out))))  # the whole folder, also after a resume
     return 0
 
 
 def resume_point(out: str, settings: dict) -> int:
-    """Samples already written by a run with the same settings (whole shards); a folder made with others
-    is refused."""
+    """Samples already written by a run with the same settings: the leading shards that sizes.json lists as
+    full (a short last shard, from a smaller --count, is written again from its first sample); a folder made
+    with other settings is refused."""
     manifest = os.path.join(out, MANIFEST)
     if os.path.exists(manifest):
         with open(manifest) as f:
@@ -71,8 +73,20 @@ def resume_point(out: str, settings: dict) -> int:
         os.makedirs(out, exist_ok=True)
         with open(manifest, "w") as f:
             json.dump(settings, f, indent=1)
-    complete = [n for n in os.listdir(out) if n.startswith(f"{AR_PREFIX}-") and n.endswith(".tar")]
-    return len(complete) * settings["shard_size"]
+    sizes = listed_sizes(out)
+    full = 0
+    while sizes.get(f"{AR_PREFIX}-{full:06d}.tar") == settings["shard_size"]:
+        full += 1
+    return full * settings["shard_size"]
+
+
+def listed_sizes(out: str) -> dict[str, int]:
+    """{shard name: sample count} of the folder's sizes.json ({} before the first shard is written)."""
+    path = os.path.join(out, SIZES_NAME)
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        return json.load(f)
 
 
 def ar_samples(args: argparse.Namespace, indices: range):
